@@ -1,0 +1,92 @@
+"""Running nftables: a transaction is data (a list of commands) applied atomically by `nft -f -`.
+
+The `nft` binary is the stable interface to the kernel's nf_tables (as knftables uses it):
+one `nft -f -` call is one netlink batch, so a transaction either applies whole or not at
+all. Nothing here builds a shell command: argv lists only, and the transaction text is
+made from validated addresses, numbers and hashed names.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+NETNS_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class NftError(RuntimeError):
+    """The kernel (or nft) refused a transaction; nothing of it was applied."""
+
+    def __init__(self, message: str, stderr: str) -> None:
+        super().__init__(f"{message}: {stderr.strip()}")
+        self.stderr = stderr
+
+
+@dataclass
+class Transaction:
+    """An ordered list of nft commands, applied as one atomic batch."""
+
+    commands: list[str] = field(default_factory=list)
+
+    def add(self, command: str) -> None:
+        self.commands.append(command)
+
+    def extend(self, commands: Iterable[str]) -> None:
+        self.commands.extend(commands)
+
+    def __len__(self) -> int:
+        return len(self.commands)
+
+    def text(self) -> str:
+        return "\n".join(self.commands) + "\n"
+
+
+class Nft:
+    """Runs nft, in the current network namespace or in a named one (for tests and sandboxes)."""
+
+    def __init__(self, netns: str | None = None, binary: str = "nft") -> None:
+        if netns is not None and not NETNS_NAME.match(netns):
+            raise ValueError(f"invalid network namespace name {netns!r}")
+        self._prefix = ["ip", "netns", "exec", netns] if netns else []
+        self._binary = binary
+
+    def _run(self, args: list[str], stdin: str | None = None) -> str:
+        proc = subprocess.run(
+            [*self._prefix, self._binary, *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise NftError(f"nft {' '.join(args)} failed (exit {proc.returncode})", proc.stderr)
+        return proc.stdout
+
+    def apply(self, tx: Transaction) -> None:
+        """Apply the whole transaction atomically, or raise NftError and change nothing."""
+        if tx.commands:
+            self._run(["-f", "-"], tx.text())
+
+    def list_table(self, family: str, table: str) -> dict[str, Any] | None:
+        """The table as nft's JSON objects, or None when it does not exist."""
+        try:
+            out = self._run(["-j", "list", "table", family, table])
+        except NftError as exc:
+            if "No such file or directory" in exc.stderr:
+                return None
+            raise
+        return json.loads(out)
+
+    def delete_table(self, family: str, table: str) -> bool:
+        """Delete the table if it exists; True when something was deleted."""
+        try:
+            self._run(["delete", "table", family, table])
+        except NftError as exc:
+            if "No such file or directory" in exc.stderr:
+                return False
+            raise
+        return True

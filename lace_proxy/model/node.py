@@ -1,0 +1,17 @@
+"""Node: what the proxy needs to know about the node it runs on (and, later, its peers)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ZONE_LABEL = "topology.kubernetes.io/zone"
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    zone: str | None = None  # from ZONE_LABEL
+    addresses: tuple[tuple[str, str], ...] = ()  # (type, canonical address)
+    pod_cidrs: tuple[str, ...] = ()  # canonical CIDRs
+    deleting: bool = False  # metadata.deletionTimestamp is set
+    labels: tuple[tuple[str, str], ...] = ()

@@ -1,0 +1,58 @@
+"""Service: the validated, immutable view of a core/v1 Service that the table needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Label that hands a service to another proxy (kube-proxy skips such services).
+SERVICE_PROXY_NAME_LABEL = "service.kubernetes.io/service-proxy-name"
+#: Label set by the endpoints controller on headless services' slices and services.
+HEADLESS_LABEL = "service.kubernetes.io/headless"
+
+DEFAULT_AFFINITY_TIMEOUT = 10800
+
+
+@dataclass(frozen=True, slots=True)
+class ServicePort:
+    """One entry of spec.ports. `node_port` is 0 when none is allocated."""
+
+    name: str
+    protocol: str  # "TCP" | "UDP" | "SCTP"
+    port: int
+    target_port: int | str | None
+    node_port: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    """A Service, reduced to what proxying needs; addresses are canonical strings."""
+
+    namespace: str
+    name: str
+    type: str  # "ClusterIP" | "NodePort" | "LoadBalancer" | "ExternalName"
+    cluster_ips: tuple[str, ...]  # empty for headless ("None") and ExternalName
+    ports: tuple[ServicePort, ...]
+    external_ips: tuple[str, ...] = ()
+    lb_ingress_ips: tuple[str, ...] = ()
+    lb_source_ranges: tuple[str, ...] = ()  # canonical CIDRs
+    external_traffic_policy: str = "Cluster"  # "Cluster" | "Local"
+    internal_traffic_policy: str = "Cluster"  # "Cluster" | "Local"
+    traffic_distribution: str | None = None
+    session_affinity: bool = False  # sessionAffinity: ClientIP
+    affinity_timeout: int = DEFAULT_AFFINITY_TIMEOUT  # seconds, meaningful with affinity
+    health_check_node_port: int = 0
+    headless: bool = False  # clusterIP "None"
+    proxy_name: str | None = None  # value of SERVICE_PROXY_NAME_LABEL
+    labels: tuple[tuple[str, str], ...] = ()  # sorted (key, value) pairs
+
+    @property
+    def key(self) -> str:
+        """`namespace/name`, the identity used across the proxy."""
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def proxied(self) -> bool:
+        """False for services kube-proxy ignores: headless, ExternalName, other proxies'."""
+        return bool(self.cluster_ips) and not (
+            self.headless or self.type == "ExternalName" or self.proxy_name is not None
+        )

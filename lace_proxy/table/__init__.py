@@ -1,0 +1,43 @@
+"""The service table: the compiled core when it is built, else its pure-Python twin.
+
+`LACE_PROXY_NO_EXTENSIONS=1` forces the pure twin; `IMPLEMENTATION` says which is active.
+"""
+
+from __future__ import annotations
+
+import os
+
+from lace_proxy.table.changeset import (
+    CLUSTER_IP,
+    EXTERNAL_IP,
+    LOAD_BALANCER,
+    NODE_PORT,
+    Changeset,
+    Frontend,
+)
+
+if os.environ.get("LACE_PROXY_NO_EXTENSIONS"):
+    from lace_proxy.table._pytable import IMPLEMENTATION, Backend, Plan, ServiceTable
+else:
+    try:
+        from lace_proxy.table._ctable import (  # type: ignore[import-not-found]
+            IMPLEMENTATION,
+            Backend,
+            Plan,
+            ServiceTable,
+        )
+    except ImportError:  # not built (no compiler, or LACE_PROXY_NO_EXTENSIONS at install)
+        from lace_proxy.table._pytable import IMPLEMENTATION, Backend, Plan, ServiceTable
+
+__all__ = [
+    "CLUSTER_IP",
+    "EXTERNAL_IP",
+    "IMPLEMENTATION",
+    "LOAD_BALANCER",
+    "NODE_PORT",
+    "Backend",
+    "Changeset",
+    "Frontend",
+    "Plan",
+    "ServiceTable",
+]

@@ -1,0 +1,97 @@
+"""What one table build hands to a dataplane: the service ports that changed since the last commit.
+
+Shared by both table twins: it is built once per sync, so it need not be compiled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+#: Frontend kinds, in the order `Plan.frontends()` yields them.
+CLUSTER_IP = "ClusterIP"
+NODE_PORT = "NodePort"
+EXTERNAL_IP = "ExternalIP"
+LOAD_BALANCER = "LoadBalancer"
+
+
+class Frontend(NamedTuple):
+    """One address . protocol . port a service port answers on, with what happens there.
+
+    `address` is None for a NodePort: it answers on every configured node port address.
+    `verdict` is None when traffic is load-balanced over `backends`, else "reject" or "drop".
+    `masquerade` says which sources get SNAT: "off-cluster" (ClusterIP), "always" (external
+    kinds under externalTrafficPolicy Cluster) or "node" (Local: only node-originated traffic).
+    """
+
+    kind: str
+    address: str | None
+    protocol: str
+    port: int
+    family: int
+    backends: tuple[Any, ...]
+    verdict: str | None
+    masquerade: str
+    affinity_timeout: int
+
+
+@dataclass(frozen=True, slots=True)
+class Changeset:
+    """Plans added, removed and updated (old, new) since the last committed build.
+
+    Plans are keyed by `Plan.id`; a dataplane programs exactly these and nothing else.
+    """
+
+    added: tuple[Any, ...] = ()
+    removed: tuple[Any, ...] = ()
+    updated: tuple[tuple[Any, Any], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed or self.updated)
+
+    def __len__(self) -> int:
+        return len(self.added) + len(self.removed) + len(self.updated)
+
+
+def plan_frontends(plan: Any) -> Iterator[Frontend]:
+    """Each frontend of a plan, ClusterIP first; shared by both twins (reads public attributes)."""
+    p = plan
+    yield Frontend(
+        CLUSTER_IP,
+        p.cluster_ip,
+        p.protocol,
+        p.port,
+        p.family,
+        p.internal_backends,
+        p.internal_verdict,
+        "off-cluster",
+        p.affinity_timeout,
+    )
+    ext = p.external_backends
+    masq = "node" if p.external_local else "always"
+    if p.node_port:
+        yield Frontend(
+            NODE_PORT,
+            None,
+            p.protocol,
+            p.node_port,
+            p.family,
+            ext,
+            p.external_verdict,
+            masq,
+            p.affinity_timeout,
+        )
+    for kind, addresses in ((EXTERNAL_IP, p.external_ips), (LOAD_BALANCER, p.lb_ips)):
+        for address in addresses:
+            yield Frontend(
+                kind,
+                address,
+                p.protocol,
+                p.port,
+                p.family,
+                ext,
+                p.external_verdict,
+                masq,
+                p.affinity_timeout,
+            )

@@ -1,0 +1,21 @@
+"""Build the compiled table core from ext/*.pyx.
+
+Set LACE_PROXY_NO_EXTENSIONS=1 to install the pure-Python twin only (no compiler needed).
+"""
+
+import os
+
+from setuptools import setup
+
+if os.environ.get("LACE_PROXY_NO_EXTENSIONS"):
+    ext_modules = []
+else:
+    from Cython.Build import cythonize
+    from setuptools import Extension
+
+    ext_modules = cythonize(
+        [Extension("lace_proxy.table._ctable", ["ext/table.pyx"])],
+        compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False},
+    )
+
+setup(ext_modules=ext_modules)
