@@ -33,6 +33,8 @@ class LoadResult:
     slices: dict[str, EndpointSlice] = field(default_factory=dict)  # by "namespace/name"
     nodes: dict[str, Node] = field(default_factory=dict)  # by name
     rejected: list[ValidationError] = field(default_factory=list)  # each has .source
+    # (kind, key) -> the file each loaded object came from ("Service", "default/web")
+    origins: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
 def load_manifests(path: str | os.PathLike[str]) -> LoadResult:
@@ -55,7 +57,7 @@ def load_manifests(path: str | os.PathLike[str]) -> LoadResult:
         raise FileNotFoundError(f"no such manifest file or folder: {root}")
 
     result = LoadResult()
-    origins: dict[tuple[str, str], str] = {}
+    origins = result.origins
     tables: dict[type, dict[str, Any]] = {
         Service: result.services,
         EndpointSlice: result.slices,

@@ -1,0 +1,688 @@
+"""Scale benchmark: the service table (both twins) and nftables programming, per cluster size.
+
+    python bench/bench_scale.py [--sizes 1000,10000,30000] [--endpoints 10] [--json]
+
+For each size a synthetic cluster is generated (mostly ClusterIP services, some NodePort and
+a few LoadBalancer; endpoints spread over 100 nodes, this node one of them). Model objects
+are built before any clock starts. Each (size, twin, GC mode) runs in its own subprocess, so
+peak RSS (ru_maxrss) belongs to that size and twin alone; the compiled worker also programs
+nftables, and runs inside a fresh network namespace (`ip netns exec`) so that `nft` is
+called exactly as the proxy calls it on a node, without per-call namespace switching.
+
+GC modes: "default" is Python's stock collector settings. "freeze" is what we propose the
+proxy does: `gc.freeze()` once the initial LIST of services and slices is parsed (before
+the first build) and again after the first commit, so the long-lived model and table
+objects leave the collector's working set. Both twins are measured under both modes.
+
+Benchmarks never assert; this prints figures, ratios and PASS/MISS against the targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import importlib
+import json
+import os
+import random
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from lace_proxy.dataplane.nft import Nft, Transaction
+from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.model.endpointslice import SERVICE_NAME_LABEL, Endpoint, EndpointPort, EndpointSlice
+from lace_proxy.model.service import Service, ServicePort
+
+THIS_NODE = "node-000"
+THIS_ZONE = "zone-a"
+NODES = 100
+ZONES = ("zone-a", "zone-b", "zone-c")
+POD_CIDR = "10.128.0.0/9"  # node k owns 10.(128+k).0.0/16
+SERVICES_PER_NAMESPACE = 100
+NODE_PORTS = range(30000, 32768)  # the API server's default service-node-port-range
+MAX_SLICE_ENDPOINTS = 100  # the EndpointSlice controller's default
+MANAGED_BY = ("endpointslice.kubernetes.io/managed-by", "endpointslice-controller.k8s.io")
+TWIN_MODULES = {"compiled": "lace_proxy.table._ctable", "pure": "lace_proxy.table._pytable"}
+GC_MODES = ("default", "freeze")
+TARGET_SIZE = 30000
+
+
+@dataclass(frozen=True)
+class Target:
+    """One acceptance target at TARGET_SIZE services; `lower` means smaller is better."""
+
+    label: str
+    metric: str
+    limit: float
+    unit: str
+    lower: bool = True
+
+
+TARGETS = (
+    Target("full build (compiled)", "full_build_s", 1.0, "s"),
+    Target("one-slice update (compiled)", "update_s", 100e-6, "s"),
+    Target("compiled/pure, full build", "ratio_full", 10.0, "x", lower=False),
+    Target("compiled/pure, one-slice update", "ratio_update", 10.0, "x", lower=False),
+    Target("nftables cold programming", "nft_cold_s", 10.0, "s"),
+    Target("one change to the kernel", "nft_change_s", 50e-3, "s"),
+)
+
+
+# --- synthetic cluster (never timed) -----------------------------------------------------------
+
+
+@dataclass
+class Cluster:
+    """Model objects of a synthetic cluster, plus changed variants of some slices."""
+
+    services: list[Service]
+    slices: list[EndpointSlice]
+    # (changed, original): alternating them makes every timed upsert a real change.
+    variants: list[tuple[EndpointSlice, EndpointSlice]] = field(default_factory=list)
+
+
+class _Pods:
+    """Allocates unique pod IPs inside each node's /16."""
+
+    def __init__(self) -> None:
+        self._next = [0] * NODES
+
+    def ip(self, node: int) -> str:
+        n = self._next[node]
+        self._next[node] = n + 1
+        return f"10.{128 + node}.{n // 250}.{n % 250 + 1}"
+
+
+def _endpoint(rng: random.Random, pods: _Pods, hinted: bool) -> Endpoint:
+    node = rng.randrange(NODES)
+    zone = ZONES[node % len(ZONES)]
+    roll = rng.random()
+    if roll < 0.97:
+        ready, serving, terminating = True, True, False
+    elif roll < 0.99:  # rolling update: terminating but still serving
+        ready, serving, terminating = False, True, True
+    else:  # starting up
+        ready, serving, terminating = False, False, False
+    return Endpoint(
+        addresses=(pods.ip(node),),
+        ready=ready,
+        serving=serving,
+        terminating=terminating,
+        node_name=f"node-{node:03d}",
+        zone=zone,
+        hint_zones=(zone,) if hinted else None,
+    )
+
+
+def make_cluster(size: int, endpoints: int, seed: int = 1) -> Cluster:
+    """`size` services with `endpoints` endpoints each, at most 100 per slice."""
+    rng = random.Random(seed)
+    pods = _Pods()
+    node_ports = list(reversed(NODE_PORTS))  # allocated in order, each once
+    services: list[Service] = []
+    slices: list[EndpointSlice] = []
+    for i in range(size):
+        namespace = f"ns-{i // SERVICES_PER_NAMESPACE:04d}"
+        name = f"svc-{i:05d}"
+        roll = rng.random()
+        kind = "ClusterIP" if roll < 0.85 else ("NodePort" if roll < 0.97 else "LoadBalancer")
+        shape = rng.random()
+        if shape < 0.75:
+            names = [("http", "TCP", 80, 8080)]
+        elif shape < 0.95:
+            names = [("http", "TCP", 80, 8080), ("metrics", "TCP", 9090, 9090)]
+        else:
+            names = [("dns", "UDP", 53, 5353), ("dns-tcp", "TCP", 53, 5353)]
+        local = kind != "ClusterIP" and rng.random() < 0.3
+        if kind != "ClusterIP" and len(node_ports) < len(names) + local:
+            kind, local = "ClusterIP", False  # the NodePort range is used up, as in a cluster
+        external = kind != "ClusterIP"
+        ports = tuple(
+            ServicePort(pn, proto, port, target, node_ports.pop() if external else 0)
+            for pn, proto, port, target in names
+        )
+        services.append(
+            Service(
+                namespace=namespace,
+                name=name,
+                type=kind,
+                cluster_ips=(f"10.{96 + i // 65536}.{(i // 256) % 256}.{i % 256}",),
+                ports=ports,
+                lb_ingress_ips=(f"192.0.{2 + i // 256 % 250}.{i % 256}",)
+                if kind == "LoadBalancer"
+                else (),
+                lb_source_ranges=("203.0.113.0/24",) if kind == "LoadBalancer" else (),
+                external_traffic_policy="Local" if local else "Cluster",
+                health_check_node_port=node_ports.pop() if local else 0,
+                session_affinity=rng.random() < 0.05,
+                traffic_distribution="PreferClose" if rng.random() < 0.1 else None,
+                labels=(("app", name),),
+            )
+        )
+        hinted = services[-1].traffic_distribution is not None
+        eps = [_endpoint(rng, pods, hinted) for _ in range(endpoints)]
+        ep_ports = tuple(EndpointPort(pn, proto, target) for pn, proto, _, target in names)
+        for k in range(0, max(len(eps), 1), MAX_SLICE_ENDPOINTS):  # as the controller splits
+            chunk = tuple(eps[k : k + MAX_SLICE_ENDPOINTS])
+            slices.append(_slice(namespace, name, k // MAX_SLICE_ENDPOINTS, chunk, ep_ports))
+    # Changed variants: one endpoint of a slice replaced by a new pod, ports unchanged.
+    variants = []
+    for i in rng.sample(range(len(slices)), min(len(slices), 256)):
+        original = slices[i]
+        if not original.endpoints:
+            continue
+        eps = list(original.endpoints)
+        eps[rng.randrange(len(eps))] = _endpoint(rng, pods, eps[0].hint_zones is not None)
+        changed = dataclasses.replace(original, endpoints=tuple(eps))
+        variants.append((changed, original))
+    return Cluster(services, slices, variants)
+
+
+def _slice(
+    namespace: str,
+    service: str,
+    index: int,
+    endpoints: tuple[Endpoint, ...],
+    ports: tuple[EndpointPort, ...],
+) -> EndpointSlice:
+    return EndpointSlice(
+        namespace=namespace,
+        name=f"{service}-{index:05x}",
+        service_name=service,
+        address_type="IPv4",
+        endpoints=endpoints,
+        ports=ports,
+        labels=(MANAGED_BY, (SERVICE_NAME_LABEL, service)),
+    )
+
+
+# --- worker: one size, one twin, one GC mode, in its own process ------------------------------
+
+
+def _rss_mib() -> float:
+    """Peak RSS of this process so far (ru_maxrss is in KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _full_build(twin: ModuleType, cluster: Cluster) -> tuple[Any, Any, dict[str, float]]:
+    """Upsert everything, build, commit: the first sync after the initial LIST."""
+    clock = time.perf_counter
+    t0 = clock()
+    table = twin.ServiceTable(THIS_NODE, THIS_ZONE)
+    upsert_service, upsert_slice = table.upsert_service, table.upsert_slice
+    for svc in cluster.services:
+        upsert_service(svc)
+    for sl in cluster.slices:
+        upsert_slice(sl)
+    t1 = clock()
+    change = table.build()
+    t2 = clock()
+    table.commit()
+    t3 = clock()
+    return table, change, {"ingest": t1 - t0, "build": t2 - t1, "commit": t3 - t2, "total": t3 - t0}
+
+
+def _variant(cluster: Cluster, run: int) -> EndpointSlice:
+    """The slice for update number `run`: each variant once changed, then once restored."""
+    n = len(cluster.variants)
+    return cluster.variants[run % n][(run // n) % 2]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _slice_updates(table: Any, cluster: Cluster, runs: int) -> dict[str, float]:
+    """upsert one changed slice + build + commit, `runs` times (GC left as configured)."""
+    clock = time.perf_counter
+    times: list[float] = []
+    changed = 0
+    for run in range(runs):
+        sl = _variant(cluster, run)
+        t0 = clock()
+        table.upsert_slice(sl)
+        change = table.build()
+        table.commit()
+        times.append(clock() - t0)
+        changed += bool(change)
+    return {
+        "median": statistics.median(times),
+        "p99": _percentile(times, 0.99),
+        "max": max(times),
+        "runs": runs,
+        "changed": changed,
+    }
+
+
+@dataclass
+class NftCall:
+    """One `nft -f` run: wall time and the child's CPU split into user space and kernel."""
+
+    wall: float
+    user: float
+    sys: float
+    commands: int
+    bytes: int
+
+
+class TimedNft(Nft):
+    """An Nft that records each transaction's cost; rusage of children splits nft's own work
+    (parse, evaluate, cache) from the kernel's (the netlink batch runs in nft's syscalls)."""
+
+    def __init__(self) -> None:
+        super().__init__(None)  # the worker already runs inside the benchmark's namespace
+        self.calls: list[NftCall] = []
+
+    def apply(self, tx: Transaction) -> None:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        super().apply(tx)
+        wall = time.perf_counter() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.calls.append(
+            NftCall(
+                wall,
+                after.ru_utime - before.ru_utime,
+                after.ru_stime - before.ru_stime,
+                len(tx),
+                len(tx.text()),
+            )
+        )
+
+
+def _median_of(calls: list[NftCall], attr: str) -> float:
+    return statistics.median(getattr(c, attr) for c in calls)
+
+
+def _nft_bench(table: Any, cluster: Cluster, runs: int) -> dict[str, Any]:
+    """Cold full_sync into the (fresh) namespace, then one endpoint change at a time."""
+    nft = TimedNft()
+    floor = [_timed(lambda: nft.apply(Transaction(["add table inet lacebench-floor"])))]
+    floor += [
+        _timed(lambda: nft.apply(Transaction(["add table inet lacebench-floor"]))) for _ in range(9)
+    ]
+    nft.apply(Transaction(["delete table inet lacebench-floor"]))
+    nft.calls.clear()
+
+    backend = NftablesBackend(NftablesSettings(cluster_cidrs=(POD_CIDR,)), nft)
+    t0 = time.perf_counter()
+    backend.full_sync(table.plans())
+    cold = time.perf_counter() - t0
+    (call,) = nft.calls
+    out: dict[str, Any] = {
+        "floor_s": statistics.median(floor),
+        "cold_s": cold,
+        "cold_render_s": cold - call.wall,
+        "cold_nft_wall_s": call.wall,
+        "cold_nft_user_s": call.user,
+        "cold_nft_sys_s": call.sys,
+        "cold_commands": call.commands,
+        "cold_bytes": call.bytes,
+        "nft_peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+    }
+    nft.calls.clear()
+    totals: list[float] = []
+    tables: list[float] = []
+    for run in range(runs):
+        sl = _variant(cluster, run)
+        t0 = time.perf_counter()
+        table.upsert_slice(sl)
+        change = table.build()
+        t1 = time.perf_counter()
+        backend.apply(change)  # returns once nft exited: the kernel has committed the batch
+        table.commit()
+        totals.append(time.perf_counter() - t0)
+        tables.append(t1 - t0)
+    calls = nft.calls
+    out.update(
+        change_s=statistics.median(totals),
+        change_p99_s=_percentile(totals, 0.99),
+        change_table_s=statistics.median(tables),
+        change_nft_wall_s=_median_of(calls, "wall"),
+        change_nft_user_s=_median_of(calls, "user"),
+        change_nft_sys_s=_median_of(calls, "sys"),
+        change_commands=statistics.median(c.commands for c in calls),
+        change_runs=runs,
+    )
+    out["change_render_s"] = max(
+        0.0, out["change_s"] - out["change_table_s"] - out["change_nft_wall_s"]
+    )
+    return out
+
+
+def _timed(fn: Any) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def worker(args: argparse.Namespace) -> dict[str, Any]:
+    """Measure one (size, twin, GC mode); returns a JSON-able dict."""
+    twin = importlib.import_module(TWIN_MODULES[args.twin])
+    cluster = make_cluster(args.worker, args.endpoints)
+    result: dict[str, Any] = {
+        "size": args.worker,
+        "twin": args.twin,
+        "gc": args.gc,
+        "services": len(cluster.services),
+        "slices": len(cluster.slices),
+        "endpoints": sum(len(sl.endpoints) for sl in cluster.slices),
+        "rss_models_mib": _rss_mib(),
+    }
+    gc.collect()
+    if args.gc == "freeze":
+        gc.freeze()  # the initial LIST is parsed: these objects live as long as the proxy
+    builds = []
+    table: Any = None
+    for _ in range(args.repeat):
+        table = change = None  # free the previous table before timing the next build
+        gc.collect()
+        table, change, phases = _full_build(twin, cluster)
+        builds.append(phases)
+    result["plans"] = len(change.added)
+    result["backends"] = sum(len(p.cluster_backends) for p in change.added)
+    del change
+    best = sorted(builds, key=lambda b: b["total"])[len(builds) // 2]  # the median build
+    result["full_build"] = best
+    result["full_build_all_s"] = [b["total"] for b in builds]
+    if args.gc == "freeze":
+        gc.freeze()  # after the first commit, as proposed for the proxy
+    gc.collect()
+    result["update"] = _slice_updates(table, cluster, args.runs)
+    result["rss_table_mib"] = _rss_mib()
+    if args.nft:
+        result["nft"] = _nft_bench(table, cluster, args.nft_runs)
+        result["rss_nft_mib"] = _rss_mib()
+    return result
+
+
+# --- parent: run the workers, print the report ------------------------------------------------
+
+
+def _netns_ok() -> str | None:
+    """Why nftables cannot be measured here, or None when it can."""
+    if os.geteuid() != 0:
+        return "not root"
+    for tool in ("ip", "nft"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` not found"
+    return None
+
+
+def run_worker(
+    size: int, twin: str, gc_mode: str, args: argparse.Namespace, nft: bool
+) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        str(size),
+        "--twin",
+        twin,
+        "--gc",
+        gc_mode,
+        "--endpoints",
+        str(args.endpoints),
+        "--runs",
+        str(args.runs),
+        "--repeat",
+        str(args.repeat),
+        "--nft-runs",
+        str(args.nft_runs),
+    ]
+    netns = None
+    if nft:
+        cmd.append("--nft")
+        netns = f"lacebench-{os.getpid()}"
+        subprocess.run(["ip", "netns", "add", netns], check=True)
+        cmd = ["ip", "netns", "exec", netns, *cmd]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    finally:
+        if netns:
+            subprocess.run(["ip", "netns", "del", netns], check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"worker {size}/{twin}/{gc_mode} failed:\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def fmt_t(seconds: float | None) -> str:
+    """A duration with a unit that keeps 3 significant digits readable."""
+    if seconds is None:
+        return "-"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e6:.1f} µs"
+
+
+def summarize(results: list[dict[str, Any]], sizes: list[int]) -> dict[str, Any]:
+    """Per size and GC mode: the headline figures and the ratios."""
+    by = {(r["size"], r["twin"], r["gc"]): r for r in results}
+    summary: dict[str, Any] = {}
+    for size in sizes:
+        for mode in GC_MODES:
+            c, p = by.get((size, "compiled", mode)), by.get((size, "pure", mode))
+            if c is None or p is None:
+                continue
+            row = {
+                "full_build_s": c["full_build"]["total"],
+                "full_build_pure_s": p["full_build"]["total"],
+                "update_s": c["update"]["median"],
+                "update_pure_s": p["update"]["median"],
+            }
+            row["ratio_full"] = row["full_build_pure_s"] / row["full_build_s"]
+            row["ratio_update"] = row["update_pure_s"] / row["update_s"]
+            nft = c.get("nft")
+            if nft:
+                row["nft_cold_s"] = nft["cold_s"]
+                row["nft_change_s"] = nft["change_s"]
+            summary[f"{size}/{mode}"] = row
+    return summary
+
+
+def verdicts(summary: dict[str, Any], size: int) -> list[dict[str, Any]]:
+    """PASS/MISS for each target, judged under the default GC (the honest setting)."""
+    out = []
+    for t in TARGETS:
+        row = summary.get(f"{size}/default", {})
+        value = row.get(t.metric)
+        frozen = summary.get(f"{size}/freeze", {}).get(t.metric)
+        if value is None:
+            status = "n/a"
+        else:
+            status = "PASS" if (value < t.limit if t.lower else value >= t.limit) else "MISS"
+        out.append(
+            {
+                "target": t.label,
+                "limit": t.limit,
+                "unit": t.unit,
+                "lower": t.lower,
+                "value": value,
+                "value_gc_freeze": frozen,
+                "status": status,
+            }
+        )
+    return out
+
+
+def _fmt_target_value(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f}x" if unit == "x" else fmt_t(value)
+
+
+def print_report(
+    results: list[dict[str, Any]], sizes: list[int], args: argparse.Namespace, note: str | None
+) -> None:
+    by = {(r["size"], r["twin"], r["gc"]): r for r in results}
+    summary = summarize(results, sizes)
+    w = print
+    w(
+        f"lace-proxy scale benchmark: {args.endpoints} endpoints/service over {NODES} nodes "
+        f"(this node one of them), Python {sys.version.split()[0]}"
+    )
+    w(
+        'GC "default": stock settings.  GC "freeze": gc.freeze() after the initial load and '
+        "after the first commit (proposed)."
+    )
+    w("")
+    w(f"Full build: upsert every service and slice, build(), commit(); median of {args.repeat}")
+    w(
+        f"{'services':>8} {'plans':>7} {'backends':>8}  {'GC':<7} {'compiled':>9}  "
+        f"{'ingest':>8} {'build':>8} {'commit':>8}  {'pure':>9}  {'pure/compiled':>13}"
+    )
+    for size in sizes:
+        for mode in GC_MODES:
+            c, p = by.get((size, "compiled", mode)), by.get((size, "pure", mode))
+            if not c or not p:
+                continue
+            fb = c["full_build"]
+            ratio = p["full_build"]["total"] / fb["total"]
+            w(
+                f"{size:>8} {c['plans']:>7} {c['backends']:>8}  {mode:<7} {fmt_t(fb['total']):>9}  "
+                f"{fmt_t(fb['ingest']):>8} {fmt_t(fb['build']):>8} {fmt_t(fb['commit']):>8}  "
+                f"{fmt_t(p['full_build']['total']):>9}  {ratio:>12.1f}x"
+            )
+    w("")
+    w(f"One-slice update: upsert one changed slice, build(), commit(); median [p99] of {args.runs}")
+    w(
+        f"{'services':>8}  {'GC':<7} {'compiled':>9} {'[p99]':>10}  {'pure':>9} {'[p99]':>10}  "
+        f"{'pure/compiled':>13}"
+    )
+    for size in sizes:
+        for mode in GC_MODES:
+            c, p = by.get((size, "compiled", mode)), by.get((size, "pure", mode))
+            if not c or not p:
+                continue
+            cu, pu = c["update"], p["update"]
+            w(
+                f"{size:>8}  {mode:<7} {fmt_t(cu['median']):>9} {fmt_t(cu['p99']):>10}  "
+                f"{fmt_t(pu['median']):>9} {fmt_t(pu['p99']):>10}  "
+                f"{pu['median'] / cu['median']:>12.1f}x"
+            )
+    w("")
+    if note:
+        w(f"nftables: not measured ({note})")
+    else:
+        w(
+            "nftables (compiled twin, default GC, fresh network namespace): cold full_sync; "
+            f"one endpoint change to the kernel, median [p99] of {args.nft_runs}"
+        )
+        w(
+            "  nft CPU is the child's rusage: user = nft parsing/evaluation/cache, "
+            "sys = kernel (netlink batch, commit)"
+        )
+        w(
+            f"{'services':>8} {'commands':>9} {'MB':>6}  {'cold':>8} = {'render':>8} + "
+            f"{'nft':>8} ({'user':>7} {'sys':>7})  {'nft RSS':>8}  |  {'change':>8} {'[p99]':>8}"
+            f" = {'table':>8} + {'render':>8} + {'nft':>8} ({'user':>7} {'sys':>7})  {'floor':>7}"
+        )
+        for size in sizes:
+            c = by.get((size, "compiled", "default"))
+            n = c.get("nft") if c else None
+            if not n:
+                continue
+            w(
+                f"{size:>8} {n['cold_commands']:>9} {n['cold_bytes'] / 1e6:>6.1f}  "
+                f"{fmt_t(n['cold_s']):>8} = {fmt_t(n['cold_render_s']):>8} + "
+                f"{fmt_t(n['cold_nft_wall_s']):>8} ({fmt_t(n['cold_nft_user_s']):>7} "
+                f"{fmt_t(n['cold_nft_sys_s']):>7})  {n['nft_peak_rss_mib']:>5.0f} MiB  |  "
+                f"{fmt_t(n['change_s']):>8} {fmt_t(n['change_p99_s']):>8} = "
+                f"{fmt_t(n['change_table_s']):>8} + {fmt_t(n['change_render_s']):>8} + "
+                f"{fmt_t(n['change_nft_wall_s']):>8} ({fmt_t(n['change_nft_user_s']):>7} "
+                f"{fmt_t(n['change_nft_sys_s']):>7})  {fmt_t(n['floor_s']):>7}"
+            )
+    w("")
+    w(
+        "Peak RSS per process (MiB): after building the model objects, then after the table "
+        "(and nftables, compiled worker)"
+    )
+    w(f"{'services':>8}  {'models':>7}  {'compiled':>8}  {'+nft':>6}  {'pure':>6}")
+    for size in sizes:
+        c, p = by.get((size, "compiled", "default")), by.get((size, "pure", "default"))
+        if not c or not p:
+            continue
+        nft_rss = f"{c['rss_nft_mib']:.0f}" if "rss_nft_mib" in c else "-"
+        w(
+            f"{size:>8}  {c['rss_models_mib']:>7.0f}  {c['rss_table_mib']:>8.0f}  {nft_rss:>6}  "
+            f"{p['rss_table_mib']:>6.0f}"
+        )
+    w("")
+    size = TARGET_SIZE if TARGET_SIZE in sizes else max(sizes)
+    w(f"Targets at {size} services (judged under default GC; the freeze figure for reference)")
+    for v in verdicts(summary, size):
+        op = "<" if v["lower"] else ">="
+        limit = f"{v['limit']:.0f}x" if v["unit"] == "x" else fmt_t(v["limit"])
+        w(
+            f"  {v['target']:<34} {op:>2} {limit:<8} {_fmt_target_value(v['value'], v['unit']):>9}"
+            f"  {v['status']:<4}   (freeze: {_fmt_target_value(v['value_gc_freeze'], v['unit'])})"
+        )
+    if size != TARGET_SIZE:
+        w(f"  (targets are defined at {TARGET_SIZE} services; shown at the largest size run)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="1000,10000,30000", help="services, comma-separated")
+    parser.add_argument("--endpoints", type=int, default=10, help="endpoints per service")
+    parser.add_argument("--runs", type=int, default=512, help="one-slice updates per twin")
+    parser.add_argument("--repeat", type=int, default=3, help="full builds per twin (median)")
+    parser.add_argument("--nft-runs", type=int, default=20, help="endpoint changes to nftables")
+    parser.add_argument("--no-nft", action="store_true", help="skip the nftables figures")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--twin", choices=sorted(TWIN_MODULES), help=argparse.SUPPRESS)
+    parser.add_argument("--gc", choices=GC_MODES, default="default", help=argparse.SUPPRESS)
+    parser.add_argument("--nft", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.worker is not None:
+        print(json.dumps(worker(args)))
+        return 0
+
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    note = "--no-nft" if args.no_nft else _netns_ok()
+    results = []
+    for size in sizes:
+        for twin in ("compiled", "pure"):
+            for mode in GC_MODES:
+                nft = twin == "compiled" and mode == "default" and note is None
+                print(
+                    f"... {size} services, {twin}, GC {mode}{', nftables' if nft else ''}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                results.append(run_worker(size, twin, mode, args, nft))
+    if args.json:
+        size = TARGET_SIZE if TARGET_SIZE in sizes else max(sizes)
+        summary = summarize(results, sizes)
+        print(
+            json.dumps(
+                {
+                    "results": results,
+                    "summary": summary,
+                    "targets": verdicts(summary, size),
+                    "nftables_skipped": note,
+                },
+                indent=2,
+            )
+        )
+    else:
+        print_report(results, sizes, args, note)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+"""The `lace-proxy` command: run the proxy, inspect its table and kernel state, clean up."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from lace_proxy import __version__, implementation
+from lace_proxy.config import ConfigError, ProxyConfig, add_config_flags, config_from_args
+from lace_proxy.dataplane.nft import Nft, NftError
+from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.model import Rejections, load_manifests
+from lace_proxy.proxier import Proxier
+from lace_proxy.sources.files import SOURCE_NAME, ManifestSource
+from lace_proxy.table import ServiceTable
+
+log = logging.getLogger("lace_proxy")
+
+
+def nftables_settings(cfg: ProxyConfig) -> NftablesSettings:
+    """The nftables backend's view of the configuration."""
+    node_ports: tuple[str, ...] = ()
+    if cfg.node_port_addresses == "primary":
+        log.warning("nodePortAddresses 'primary' is not resolved yet: serving on all addresses")
+    else:
+        node_ports = tuple(str(n) for n in cfg.node_port_addresses)
+    cluster = (
+        tuple(str(n) for n in cfg.cluster_cidr) if cfg.detect_local_mode == "ClusterCIDR" else ()
+    )
+    return NftablesSettings(
+        table=cfg.lace.nftables.table,
+        masquerade_all=cfg.masquerade_all,
+        masquerade_bit=cfg.nftables.masquerade_bit,
+        cluster_cidrs=cluster,
+        node_port_cidrs=node_ports,
+    )
+
+
+def _manifests(cfg: ProxyConfig) -> Path:
+    if not cfg.lace.manifests:
+        raise SystemExit(
+            "lace-proxy: no source: give --manifests DIR (the Kubernetes API source comes later)"
+        )
+    path = Path(cfg.lace.manifests)
+    if not path.exists():
+        raise SystemExit(f"lace-proxy: manifests: no such file or folder: {path}")
+    return path
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    if cfg.mode != "nftables":
+        raise SystemExit(f"lace-proxy: mode {cfg.mode!r} is not available yet; use nftables")
+    path = _manifests(cfg)
+    table = ServiceTable(cfg.hostname_override)
+    backend = NftablesBackend(nftables_settings(cfg), Nft())
+    rejections = Rejections()
+    proxier = Proxier(
+        table,
+        backend,
+        sources=[SOURCE_NAME],
+        min_sync_period=cfg.min_sync_period,
+        sync_period=cfg.sync_period,
+    )
+    source = ManifestSource(path, proxier, rejections, interval=args.poll_interval)
+    log.info(
+        "lace-proxy %s (%s table) on node %s, mode %s, manifests %s",
+        __version__,
+        implementation(),
+        cfg.hostname_override,
+        cfg.mode,
+        path,
+    )
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await asyncio.gather(source.run(stop), proxier.run(stop))
+
+    import uvloop
+
+    uvloop.run(main())
+    log.info("stopped; the kernel keeps the last programmed state (use `cleanup` to remove it)")
+    return 0
+
+
+def _backend_rows(backends: Sequence[Any]) -> str:
+    if not backends:
+        return "-"
+    parts = []
+    for b in backends:
+        state = "ready" if b.ready else ("terminating" if b.terminating else "not-ready")
+        where = "local" if b.local else "remote"
+        host = f"[{b.ip}]" if ":" in b.ip else b.ip
+        parts.append(f"{host}:{b.port} ({state},{where})")
+    return " ".join(parts)
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    result = load_manifests(_manifests(cfg))
+    for error in result.rejected:
+        print(f"rejected: {error}", file=sys.stderr)
+    node = result.nodes.get(cfg.hostname_override)
+    table = ServiceTable(cfg.hostname_override, node.zone if node else None)
+    for svc in result.services.values():
+        table.upsert_service(svc)
+    for sl in result.slices.values():
+        table.upsert_slice(sl)
+    table.build()
+    table.commit()
+    rows = []
+    for plan in sorted(table.plans(), key=lambda p: p.id):
+        for f in plan.frontends():
+            address = f.address if f.address is not None else "*"
+            if ":" in address:
+                address = f"[{address}]"
+            rows.append(
+                {
+                    "service": plan.service,
+                    "port": plan.port_name,
+                    "kind": f.kind,
+                    "frontend": f"{address}:{f.port}/{f.protocol}",
+                    "action": f.verdict or "forward",
+                    "affinity": f.affinity_timeout,
+                    "masquerade": f.masquerade,
+                    "backends": [
+                        {
+                            "ip": b.ip,
+                            "port": b.port,
+                            "ready": b.ready,
+                            "serving": b.serving,
+                            "terminating": b.terminating,
+                            "local": b.local,
+                        }
+                        for b in f.backends
+                    ],
+                    "_text": _backend_rows(f.backends),
+                }
+            )
+    if args.output == "json":
+        for row in rows:
+            del row["_text"]
+        json.dump({"node": cfg.hostname_override, "frontends": rows}, sys.stdout, indent=2)
+        print()
+        return 0
+    headers = ("SERVICE", "PORT", "KIND", "FRONTEND", "ACTION", "BACKENDS")
+    lines = [
+        (r["service"], r["port"] or "-", r["kind"], r["frontend"], r["action"], r["_text"])
+        for r in rows
+    ]
+    widths = [max([len(h)] + [len(line[i]) for line in lines]) for i, h in enumerate(headers[:-1])]
+    for line in [headers, *lines]:
+        print("  ".join(c.ljust(w) for c, w in zip(line[:-1], widths, strict=True)), line[-1])
+    return 0
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    backend = NftablesBackend(nftables_settings(cfg), Nft())
+    removed = backend.cleanup()
+    print(f"nftables table inet {backend.table}: {'removed' if removed else 'not present'}")
+    return 0
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    print(f"lace-proxy {__version__} ({implementation()} service table)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lace-proxy",
+        description="A kube-proxy replacement: a compiled service table programming nftables.",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser(
+        "run",
+        help="run the proxy",
+        description="Serve the Services and EndpointSlices of a manifest folder (--manifests), "
+        "keeping this node's nftables table in step as the files change. Runs until "
+        "SIGINT/SIGTERM; the kernel state stays in place after it stops.",
+    )
+    add_config_flags(run)
+    run.add_argument(
+        "--poll-interval",
+        type=float,
+        default=0.5,
+        metavar="SECONDS",
+        help="how often the manifest folder is checked for changes (default 0.5)",
+    )
+    run.set_defaults(func=cmd_run)
+
+    table = sub.add_parser(
+        "table",
+        help="print the computed service table",
+        description="Compute this node's service table from a manifest folder and print each "
+        "frontend with its backends (state: ready/terminating, local/remote).",
+    )
+    add_config_flags(table)
+    table.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    table.set_defaults(func=cmd_table)
+
+    cleanup = sub.add_parser(
+        "cleanup",
+        help="remove everything lace-proxy programmed",
+        description="Delete lace-proxy's nftables table (connections already established "
+        "keep their conntrack NAT state).",
+    )
+    add_config_flags(cleanup)
+    cleanup.set_defaults(func=cmd_cleanup)
+
+    version = sub.add_parser("version", help="print the version and the active table twin")
+    version.set_defaults(func=cmd_version)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `lace-proxy table | head` ends quietly
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose > 1 else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        print(f"lace-proxy: {exc}", file=sys.stderr)
+        return 2
+    except NftError as exc:
+        print(f"lace-proxy: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

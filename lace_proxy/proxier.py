@@ -1,0 +1,176 @@
+"""The proxier: one change tracker, one sync loop, one dataplane (as kube-proxy's pkg/proxy).
+
+Sources call the change-tracker methods on the event loop; they only update the table and
+wake the loop. The loop coalesces changes: at most one sync per `min_sync_period`, a full
+reconcile every `sync_period`, and nothing is programmed before every source has
+delivered its initial state. The dataplane runs in its own thread (pyroute2 and the nft
+subprocess must stay off the uvloop loop); a failed sync commits nothing and the next
+one is a full reconcile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from lace_proxy.model import EndpointSlice, Node, Service
+from lace_proxy.table import Changeset, ServiceTable
+
+log = logging.getLogger(__name__)
+
+
+class Dataplane(Protocol):
+    """What the proxier needs of a backend (nftables now, IPVS later)."""
+
+    def full_sync(self, plans: Iterable[Any]) -> int: ...
+    def apply(self, changes: Changeset) -> int: ...
+
+
+@dataclass
+class SyncStats:
+    """Counters the metrics endpoint and tests read."""
+
+    syncs: int = 0
+    full_syncs: int = 0
+    failures: int = 0
+    last_error: str | None = None
+    last_sync_seconds: float = 0.0
+    last_sync_time: float = 0.0
+
+
+class Proxier:
+    """Keeps the dataplane in step with the table, which the sources keep in step with the world."""
+
+    def __init__(
+        self,
+        table: ServiceTable,
+        dataplane: Dataplane,
+        *,
+        sources: Iterable[str],
+        min_sync_period: float = 1.0,
+        sync_period: float = 30.0,
+    ) -> None:
+        self.table = table
+        self.dataplane = dataplane
+        self.min_sync_period = min_sync_period
+        self.sync_period = sync_period
+        self.stats = SyncStats()
+        self._waiting_for = set(sources)
+        self._wake = asyncio.Event()
+        self._need_full = True
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataplane")
+
+    # -- change tracker (called by sources, on the loop) --
+
+    def service_upserted(self, svc: Service) -> None:
+        self.table.upsert_service(svc)
+        self._wake.set()
+
+    def service_deleted(self, key: str) -> None:
+        self.table.delete_service(key)
+        self._wake.set()
+
+    def slice_upserted(self, sl: EndpointSlice) -> None:
+        self.table.upsert_slice(sl)
+        self._wake.set()
+
+    def slice_deleted(self, key: str) -> None:
+        self.table.delete_slice(key)
+        self._wake.set()
+
+    def node_upserted(self, node: Node) -> None:
+        if node.name == self.table.node_name:
+            self.table.set_node(node.name, node.zone)
+            self._wake.set()
+
+    def node_deleted(self, name: str) -> None:
+        if name == self.table.node_name:
+            self.table.set_node(name, None)
+            self._wake.set()
+
+    def synced(self, source: str) -> None:
+        self._waiting_for.discard(source)
+        self._wake.set()
+
+    @property
+    def ready(self) -> bool:
+        """True once every source has delivered its initial state."""
+        return not self._waiting_for
+
+    # -- sync loop --
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Sync until `stop` is set."""
+        last = float("-inf")
+        stopper = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                waker = asyncio.ensure_future(self._wake.wait())
+                timeout = (
+                    None if not self.ready else max(0.0, last + self.sync_period - time.monotonic())
+                )
+                await asyncio.wait({waker, stopper}, timeout=timeout, return_when="FIRST_COMPLETED")
+                waker.cancel()
+                if stop.is_set():
+                    break
+                if not self.ready:
+                    self._wake.clear()
+                    continue
+                # Coalesce: never sync more often than min_sync_period.
+                delay = last + self.min_sync_period - time.monotonic()
+                if delay > 0:
+                    await asyncio.wait({stopper}, timeout=delay)
+                    if stop.is_set():
+                        break
+                self._wake.clear()
+                full = self._need_full or time.monotonic() - last >= self.sync_period
+                if not await self.sync(full=full):
+                    self._wake.set()  # retry after min_sync_period, as a full sync
+                last = time.monotonic()
+        finally:
+            stopper.cancel()
+            self._executor.shutdown(wait=True)
+
+    async def sync(self, full: bool = False) -> bool:
+        """Program what changed (or everything); True on success."""
+        loop = asyncio.get_running_loop()
+        start = time.monotonic()
+        full = full or self._need_full
+        changes = self.table.build()
+        try:
+            if full:
+                self.table.commit()
+                plans = list(self.table.plans())
+                count = await loop.run_in_executor(self._executor, self.dataplane.full_sync, plans)
+                self.stats.full_syncs += 1
+                self._need_full = False
+            elif changes:
+                count = await loop.run_in_executor(self._executor, self.dataplane.apply, changes)
+                self.table.commit()
+            else:
+                self.table.commit()
+                count = 0
+        except Exception as exc:  # the kernel refused: keep serving what is programmed
+            self._need_full = True
+            self.stats.failures += 1
+            self.stats.last_error = str(exc)
+            log.error("sync failed (%s); retrying with a full sync", exc)
+            return False
+        self.stats.syncs += 1
+        self.stats.last_sync_seconds = time.monotonic() - start
+        self.stats.last_sync_time = time.time()
+        self.stats.last_error = None
+        if count:
+            log.info(
+                "%s sync: %d plan changes, %d nft commands, %.1f ms",
+                "full" if full else "partial",
+                len(changes),
+                count,
+                self.stats.last_sync_seconds * 1000,
+            )
+        return True

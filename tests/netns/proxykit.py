@@ -1,0 +1,136 @@
+"""Drive the real proxy pipeline (manifest folder → source → table → proxier → nftables)
+against a testbed's node namespace, one sync at a time."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lace_proxy.dataplane.nft import Nft
+from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.model import Rejections
+from lace_proxy.proxier import Proxier
+from lace_proxy.sandbox.testbed import (
+    POD_CIDR4,
+    POD_CIDR6,
+    Host,
+    Result,
+    Testbed,
+    request_tcp,
+    request_udp,
+)
+from lace_proxy.sources.files import SOURCE_NAME, ManifestSource
+from lace_proxy.table import ServiceTable
+
+NODE = "node-a"
+OTHER_NODE = "node-b"
+LB4, LB6 = "10.252.0.20", "fd00:252::20"
+EXT4, EXT6 = "10.252.0.30", "fd00:252::30"
+
+
+def service(
+    name: str,
+    ips: Sequence[str],
+    *,
+    port: int = 80,
+    target: int = 8080,
+    node_port: int | None = None,
+    protocol: str = "TCP",
+    type: str = "ClusterIP",
+    **spec: Any,
+) -> dict[str, Any]:
+    svc_port: dict[str, Any] = {
+        "name": "p",
+        "port": port,
+        "targetPort": target,
+        "protocol": protocol,
+    }
+    if node_port:
+        svc_port["nodePort"] = node_port
+    status = spec.pop("status", {})
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"type": type, "clusterIPs": list(ips), "ports": [svc_port], **spec},
+        "status": status,
+    }
+
+
+def endpoints(
+    svc: str,
+    pods: Sequence[Host],
+    *,
+    v6: bool = False,
+    port: int = 8080,
+    protocol: str = "TCP",
+    node: str = NODE,
+    name: str | None = None,
+    **conditions: bool,
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": name or f"{svc}-{'v6' if v6 else 'v4'}",
+            "namespace": "default",
+            "labels": {"kubernetes.io/service-name": svc},
+        },
+        "addressType": "IPv6" if v6 else "IPv4",
+        "ports": [{"name": "p", "port": port, "protocol": protocol}],
+        "endpoints": [
+            {
+                "addresses": [p.ipv6 if v6 else p.ipv4],
+                "nodeName": node,
+                "conditions": {"ready": True, **conditions},
+            }
+            for p in pods
+        ],
+    }
+
+
+class Harness:
+    """The proxy's own pipeline, synced on demand, programming the testbed's node."""
+
+    def __init__(self, tb: Testbed, folder: Path, **settings: Any) -> None:
+        self.tb = tb
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        settings.setdefault("cluster_cidrs", (POD_CIDR4, POD_CIDR6))
+        self.backend = NftablesBackend(NftablesSettings(**settings), Nft(tb.node.ns.name))
+        self.table = ServiceTable(NODE)
+        self.rejections = Rejections()
+        self.proxier = Proxier(self.table, self.backend, sources=[SOURCE_NAME])
+        self.source = ManifestSource(folder, self.proxier, self.rejections)
+        self.proxier.synced(SOURCE_NAME)
+
+    def write(self, name: str, *objects: dict[str, Any]) -> None:
+        (self.folder / f"{name}.yaml").write_text(yaml.safe_dump_all(objects))
+
+    def remove(self, name: str) -> None:
+        (self.folder / f"{name}.yaml").unlink()
+
+    def sync(self, *, full: bool = False) -> None:
+        """Deliver the folder's changes and program them; fail the test if the sync fails."""
+        self.source._signature = None  # same-second edits may keep size and mtime
+        self.source.poll()
+        ok = asyncio.run(self.proxier.sync(full=full))
+        assert ok, self.proxier.stats.last_error
+
+    def close(self) -> None:
+        self.backend.cleanup()
+
+
+def names(results: Sequence[Result]) -> Counter[str]:
+    """How often each endpoint answered; non-replies count under their outcome."""
+    return Counter(r.reply.name if r.reply else r.outcome for r in results)
+
+
+def many(where: Host, ip: str, port: int, n: int = 30, udp: bool = False) -> list[Result]:
+    request = request_udp if udp else request_tcp
+    return [request(where, ip, port) for _ in range(n)]

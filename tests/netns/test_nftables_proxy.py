@@ -1,0 +1,320 @@
+"""The nftables dataplane on real traffic: every frontend kind and behaviour of kube-proxy.
+
+Each test programs the testbed's node through the proxy's own pipeline (manifest folder →
+files source → table → proxier → nftables) and asserts on what servers in the pods saw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from lace_proxy.sandbox.testbed import (
+    CLIENT4,
+    CLIENT6,
+    POD_GATEWAY4,
+    POD_GATEWAY6,
+    UPLINK_NODE4,
+    UPLINK_NODE6,
+    Testbed,
+    request_tcp,
+    request_udp,
+)
+
+from .proxykit import EXT4, EXT6, LB4, LB6, OTHER_NODE, Harness, endpoints, many, names, service
+
+pytestmark = pytest.mark.netns
+
+FAMILIES = pytest.mark.parametrize("v6", [False, True], ids=["ipv4", "ipv6"])
+VIP4, VIP6 = "10.96.0.10", "fd00:96::10"
+
+
+def vip(v6: bool) -> str:
+    return VIP6 if v6 else VIP4
+
+
+@pytest.fixture
+def tb(make_testbed: Callable[..., Testbed]) -> Testbed:
+    return make_testbed(pods=3)
+
+
+@pytest.fixture
+def proxy(tb: Testbed, tmp_path: Path) -> Iterator[Harness]:
+    harness = Harness(tb, tmp_path / "manifests")
+    yield harness
+    harness.close()
+
+
+def web(proxy: Harness, *, v6: bool = False, **spec: object) -> None:
+    """A dual-stack service `web` over all three pods."""
+    tb = proxy.tb
+    proxy.write(
+        "web",
+        service("web", [VIP4, VIP6], **spec),  # type: ignore[arg-type]
+        endpoints("web", tb.pods),
+        endpoints("web", tb.pods, v6=True),
+    )
+    proxy.sync()
+
+
+@FAMILIES
+def test_cluster_ip_reaches_pods_from_client_pod_and_node(proxy: Harness, v6: bool) -> None:
+    web(proxy)
+    tb = proxy.tb
+    pods = {p.name for p in tb.pods}
+    gateway = POD_GATEWAY6 if v6 else POD_GATEWAY4
+    from_client = request_tcp(tb.client, vip(v6), 80)
+    assert from_client.outcome == "reply", from_client
+    assert from_client.reply is not None and from_client.reply.name in pods
+    assert from_client.reply.port == 8080
+    # Off-cluster source (not in clusterCIDR): masqueraded to the node.
+    assert from_client.reply.peer == gateway
+    # A pod's own address is kept.
+    pod = tb.pods[0]
+    replies = [r.reply for r in many(pod, vip(v6), 80, n=12) if r.reply]
+    assert len(replies) == 12
+    others = [r for r in replies if r.name != pod.name]
+    assert others and all(r.peer == (pod.ipv6 if v6 else pod.ipv4) for r in others)
+    from_node = request_tcp(tb.node, vip(v6), 80)
+    assert from_node.reply is not None and from_node.reply.name in pods
+
+
+@FAMILIES
+def test_udp_cluster_ip(proxy: Harness, v6: bool) -> None:
+    tb = proxy.tb
+    proxy.write(
+        "dns",
+        service("dns", [VIP4, VIP6], port=53, target=8080, protocol="UDP"),
+        endpoints("dns", tb.pods[:1], protocol="UDP"),
+        endpoints("dns", tb.pods[:1], protocol="UDP", v6=True),
+    )
+    proxy.sync()
+    result = request_udp(tb.client, vip(v6), 53)
+    assert result.reply is not None and result.reply.name == "pod1", result
+    # TCP on the same port is not a service port of this ClusterIP: refused at once.
+    refused = request_tcp(tb.client, vip(v6), 53)
+    assert refused.outcome == "refused", refused
+
+
+def test_every_endpoint_gets_traffic(proxy: Harness) -> None:
+    web(proxy)
+    seen = names(many(proxy.tb.client, VIP4, 80, n=60))
+    assert set(seen) == {"pod1", "pod2", "pod3"}, seen
+
+
+@FAMILIES
+def test_node_port_external_ip_and_load_balancer_reach_pods(proxy: Harness, v6: bool) -> None:
+    web(
+        proxy,
+        type="LoadBalancer",
+        node_port=30080,
+        externalIPs=[EXT4, EXT6],
+        status={"loadBalancer": {"ingress": [{"ip": LB4}, {"ip": LB6}]}},
+    )
+    tb = proxy.tb
+    gateway = POD_GATEWAY6 if v6 else POD_GATEWAY4
+    targets = [
+        (UPLINK_NODE6 if v6 else UPLINK_NODE4, 30080),
+        (EXT6 if v6 else EXT4, 80),
+        (LB6 if v6 else LB4, 80),
+    ]
+    for address, port in targets:
+        results = many(tb.client, address, port, n=30)
+        assert set(names(results)) == {"pod1", "pod2", "pod3"}, (address, names(results))
+        # externalTrafficPolicy Cluster: external traffic is masqueraded.
+        assert {r.reply.peer for r in results if r.reply} == {gateway}
+
+
+def test_node_port_does_not_answer_on_other_ports_or_loopback(proxy: Harness) -> None:
+    web(proxy, type="NodePort", node_port=30080)
+    tb = proxy.tb
+    # 30080 on loopback is not a NodePort (kube-proxy parity): the node's own server answers.
+    local = request_tcp(tb.node, "127.0.0.1", 30080)
+    assert local.reply is not None and local.reply.name == "node", local
+    # Another port on the node address reaches the node's own server, untouched.
+    other = request_tcp(tb.client, UPLINK_NODE4, 8080)
+    assert other.reply is not None and other.reply.name == "node", other
+
+
+def test_client_ip_affinity_pins_a_client(proxy: Harness) -> None:
+    web(
+        proxy,
+        sessionAffinity="ClientIP",
+        sessionAffinityConfig={"clientIP": {"timeoutSeconds": 60}},
+    )
+    tb = proxy.tb
+    seen = names(many(tb.client, VIP4, 80, n=30))
+    assert len(seen) == 1 and next(iter(seen)).startswith("pod"), seen
+    # Another client (a pod) gets its own pick, and keeps it too.
+    assert len(names(many(tb.pods[0], VIP4, 80, n=15))) == 1
+
+
+@FAMILIES
+def test_service_without_endpoints_is_refused_at_once(proxy: Harness, v6: bool) -> None:
+    tb = proxy.tb
+    proxy.write(
+        "empty",
+        service("empty", [VIP4, VIP6], type="NodePort", node_port=30081),
+        endpoints("empty", [], name="empty-v4"),
+    )
+    proxy.sync()
+    for result in (
+        request_tcp(tb.client, vip(v6), 80),
+        request_udp(tb.client, vip(v6), 80),
+        request_tcp(tb.pods[0], vip(v6), 80),
+        request_tcp(tb.node, vip(v6), 80),
+        request_tcp(tb.client, UPLINK_NODE6 if v6 else UPLINK_NODE4, 30081),
+    ):
+        assert result.outcome == "refused", result
+        assert result.elapsed < 1.0  # an ICMP error, not a timeout (2 s)
+
+
+def test_external_traffic_policy_local(proxy: Harness) -> None:
+    tb = proxy.tb
+    spec = {"type": "NodePort", "node_port": 30080, "externalTrafficPolicy": "Local"}
+    proxy.write(
+        "local",
+        service("local", [VIP4], **spec),  # type: ignore[arg-type]
+        endpoints("local", tb.pods[:1], name="local-a"),
+        endpoints("local", tb.pods[1:], node=OTHER_NODE, name="local-b"),
+    )
+    proxy.sync()
+    results = many(tb.client, UPLINK_NODE4, 30080, n=20)
+    assert names(results) == {"pod1": 20}
+    # The client's address is preserved (no masquerade under Local).
+    assert {r.reply.peer for r in results if r.reply} == {CLIENT4}
+    # Cluster traffic to the ClusterIP still uses every endpoint.
+    assert set(names(many(tb.pods[2], VIP4, 80, n=40))) == {"pod1", "pod2", "pod3"}
+    # No local endpoint: external traffic is dropped, never sent off-node.
+    proxy.write(
+        "local",
+        service("local", [VIP4], **spec),  # type: ignore[arg-type]
+        endpoints("local", tb.pods[1:], node=OTHER_NODE, name="local-b"),
+    )
+    proxy.sync()
+    dropped = request_tcp(tb.client, UPLINK_NODE4, 30080, timeout=1.0)
+    assert dropped.outcome == "timeout", dropped
+
+
+def test_internal_traffic_policy_local(proxy: Harness) -> None:
+    tb = proxy.tb
+    proxy.write(
+        "itp",
+        service("itp", [VIP4], internalTrafficPolicy="Local"),
+        endpoints("itp", tb.pods[:1], name="itp-a"),
+        endpoints("itp", tb.pods[1:], node=OTHER_NODE, name="itp-b"),
+    )
+    proxy.sync()
+    assert names(many(tb.pods[1], VIP4, 80, n=20)) == {"pod1": 20}
+    proxy.write(
+        "itp",
+        service("itp", [VIP4], internalTrafficPolicy="Local"),
+        endpoints("itp", tb.pods[1:], node=OTHER_NODE, name="itp-b"),
+    )
+    proxy.sync()
+    assert request_tcp(tb.pods[1], VIP4, 80, timeout=1.0).outcome == "timeout"
+
+
+@FAMILIES
+def test_load_balancer_source_ranges(proxy: Harness, v6: bool) -> None:
+    tb = proxy.tb
+    lb = LB6 if v6 else LB4
+    lb_spec = {
+        "type": "LoadBalancer",
+        "node_port": 30080,
+        "status": {"loadBalancer": {"ingress": [{"ip": LB4}, {"ip": LB6}]}},
+    }
+    web(proxy, loadBalancerSourceRanges=[f"{CLIENT4}/32", f"{CLIENT6}/128"], **lb_spec)
+    assert request_tcp(tb.client, lb, 80).outcome == "reply"
+    web(proxy, loadBalancerSourceRanges=["10.99.0.0/24", "fd00:99::/64"], **lb_spec)
+    assert request_tcp(tb.client, lb, 80, timeout=1.0).outcome == "timeout"
+    # The ranges guard only the load balancer address.
+    assert request_tcp(tb.client, vip(v6), 80).outcome == "reply"
+
+
+def test_hairpin_traffic_is_masqueraded(proxy: Harness) -> None:
+    tb = proxy.tb
+    proxy.write("solo", service("solo", [VIP4]), endpoints("solo", tb.pods[:1], name="solo-v4"))
+    proxy.sync()
+    result = request_tcp(tb.pods[0], VIP4, 80)
+    assert result.reply is not None and result.reply.name == "pod1", result
+    assert result.reply.peer == POD_GATEWAY4  # not pod1's own address
+
+
+def test_terminating_endpoints_serve_only_when_nothing_is_ready(proxy: Harness) -> None:
+    tb = proxy.tb
+    ready = endpoints("t", tb.pods[:1], name="t-a")
+    leaving = endpoints("t", tb.pods[1:2], name="t-b", ready=False, serving=True, terminating=True)
+    proxy.write("t", service("t", [VIP4]), ready, leaving)
+    proxy.sync()
+    assert names(many(tb.client, VIP4, 80, n=20)) == {"pod1": 20}
+    proxy.write("t", service("t", [VIP4]), leaving)
+    proxy.sync()
+    assert names(many(tb.client, VIP4, 80, n=10)) == {"pod2": 10}
+
+
+def test_manifest_edits_change_the_kernel(proxy: Harness) -> None:
+    tb = proxy.tb
+    web(proxy)
+    assert set(names(many(tb.client, VIP4, 80, n=40))) == {"pod1", "pod2", "pod3"}
+    # An endpoint removed: it never answers again.
+    proxy.write(
+        "web",
+        service("web", [VIP4, VIP6]),
+        endpoints("web", tb.pods[:2]),
+        endpoints("web", tb.pods, v6=True),
+    )
+    proxy.sync()
+    assert set(names(many(tb.client, VIP4, 80, n=40))) == {"pod1", "pod2"}
+    # The port changed: the old one is refused, the new one works.
+    proxy.write(
+        "web",
+        service("web", [VIP4, VIP6], port=81),
+        endpoints("web", tb.pods[:2]),
+    )
+    proxy.sync()
+    assert request_tcp(tb.client, VIP4, 80).outcome == "refused"
+    assert request_tcp(tb.client, VIP4, 81).outcome == "reply"
+    assert request_tcp(tb.client, VIP6, 81).outcome == "refused"  # its v6 slice is gone
+    # The service deleted: its address is no longer handled at all.
+    proxy.remove("web")
+    proxy.sync()
+    assert request_tcp(tb.client, VIP4, 81).outcome == "escaped"
+    state = proxy.backend.read_back()
+    assert state is not None
+    assert not any(state.elements[m] for m in ("service-ips-v4", "cluster-ips-v4"))
+    assert not [c for c in state.chains if c.startswith(("svc-", "ep-"))]
+
+
+def test_a_bad_edit_keeps_serving_the_last_good_version(proxy: Harness) -> None:
+    tb = proxy.tb
+    web(proxy)
+    broken = service("web", [VIP4, VIP6])
+    broken["spec"]["ports"][0]["port"] = 70000
+    proxy.write("web", broken, endpoints("web", tb.pods[:1]), endpoints("web", tb.pods, v6=True))
+    proxy.sync()
+    assert proxy.rejections.counts.get("invalid_port") == 1
+    # The service keeps its last good version; the (valid) slice change applies.
+    assert names(many(tb.client, VIP4, 80, n=10)) == {"pod1": 10}
+    (proxy.folder / "web.yaml").write_text("kind: [unclosed\n")
+    proxy.sync()
+    assert names(many(tb.client, VIP4, 80, n=10)) == {"pod1": 10}
+
+
+def test_full_resync_matches_incremental_state(proxy: Harness) -> None:
+    tb = proxy.tb
+    web(proxy, type="NodePort", node_port=30080, sessionAffinity="ClientIP")
+    proxy.write("solo", service("solo", ["10.96.0.11"]), endpoints("solo", tb.pods[:1]))
+    proxy.sync()
+    proxy.remove("solo")
+    proxy.sync()
+    incremental = proxy.backend.read_back()
+    proxy.sync(full=True)
+    full = proxy.backend.read_back()
+    assert incremental is not None and full is not None
+    assert incremental.chains == full.chains
+    assert {k: v for k, v in incremental.elements.items() if not k.startswith("aff-")} == {
+        k: v for k, v in full.elements.items() if not k.startswith("aff-")
+    }
