@@ -172,6 +172,15 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sandbox(args: argparse.Namespace) -> int:
+    from lace_proxy.sandbox.demo import run_demo
+
+    manifests = Path(args.manifests).resolve()
+    if not manifests.exists():
+        raise SystemExit(f"lace-proxy: sandbox: no such file or folder: {manifests}")
+    return run_demo(manifests, keep=args.keep, requests=args.requests)
+
+
 def cmd_version(args: argparse.Namespace) -> int:
     print(f"lace-proxy {__version__} ({implementation()} service table)")
     return 0
@@ -220,6 +229,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_config_flags(cleanup)
     cleanup.set_defaults(func=cmd_cleanup)
+
+    sandbox = sub.add_parser(
+        "sandbox",
+        help="run the proxy in a network-namespace sandbox and show traffic (needs root)",
+        description="Build network namespaces for a node, three pods with HTTP servers, a "
+        "client and a router; run `lace-proxy run` on the node with a manifest folder; send "
+        "requests from the client to each ClusterIP and NodePort and print which pod "
+        "answered. Everything is removed on exit.",
+    )
+    sandbox.add_argument(
+        "--manifests",
+        default=str(Path(__file__).resolve().parent.parent / "examples" / "sandbox"),
+        metavar="DIR",
+        help="the manifest folder to serve (default: the repository's examples/sandbox)",
+    )
+    sandbox.add_argument("--requests", type=int, default=4, help="requests per frontend")
+    sandbox.add_argument(
+        "--keep", action="store_true", help="stay up after the requests, until Ctrl-C"
+    )
+    sandbox.set_defaults(func=cmd_sandbox)
 
     version = sub.add_parser("version", help="print the version and the active table twin")
     version.set_defaults(func=cmd_version)

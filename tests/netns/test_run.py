@@ -1,0 +1,118 @@
+"""`lace-proxy run` as a process on the node, following a manifest folder; the sandbox demo."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from lace_proxy.sandbox.demo import run_demo
+from lace_proxy.sandbox.testbed import POD_CIDR4, Result, Testbed, request_tcp
+
+from .proxykit import NODE, endpoints, names, service
+from .test_nftables_proxy import VIP4
+
+pytestmark = pytest.mark.netns
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "sandbox"
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.1)
+
+
+def lace_proxy(tb: Testbed, *args: str) -> list[str]:
+    return ["ip", "netns", "exec", tb.node.ns.name, sys.executable, "-m", "lace_proxy", *args]
+
+
+@pytest.fixture
+def running(make_testbed: Callable[..., Testbed], tmp_path: Path) -> Iterator[tuple[Testbed, Path]]:
+    tb = make_testbed(pods=3)
+    folder = tmp_path / "manifests"
+    folder.mkdir()
+    (folder / "web.yaml").write_text("")
+    argv = lace_proxy(
+        tb,
+        "run",
+        "--manifests",
+        str(folder),
+        "--hostname-override",
+        NODE,
+        "--cluster-cidr",
+        POD_CIDR4,
+        "--min-sync-period",
+        "100ms",
+        "--poll-interval",
+        "0.1",
+    )
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    try:
+        yield tb, folder
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0, err
+        assert "Traceback" not in err, err
+
+
+def write(folder: Path, *objects: dict[str, object]) -> None:
+    import yaml
+
+    tmp = folder / ".web.tmp"
+    tmp.write_text(yaml.safe_dump_all(objects))
+    tmp.rename(folder / "web.yaml")  # atomic: the proxy never reads half a file
+
+
+def answers(tb: Testbed, n: int = 30) -> set[str]:
+    results: list[Result] = [request_tcp(tb.client, VIP4, 80, timeout=0.5) for _ in range(n)]
+    return set(names(results))
+
+
+def test_run_follows_the_folder_and_leaves_the_kernel_on_stop(
+    running: tuple[Testbed, Path],
+) -> None:
+    tb, folder = running
+    write(folder, service("web", [VIP4]), endpoints("web", tb.pods))
+    wait_for(lambda: answers(tb) == {"pod1", "pod2", "pod3"})
+    write(folder, service("web", [VIP4]), endpoints("web", tb.pods[:1]))
+    wait_for(lambda: answers(tb) == {"pod1"})
+    (folder / "web.yaml").unlink()
+    wait_for(lambda: answers(tb, 3) == {"escaped"})
+    write(folder, service("web", [VIP4]), endpoints("web", tb.pods[1:2]))
+    wait_for(lambda: answers(tb) == {"pod2"})
+
+
+def test_stop_keeps_rules_and_cleanup_removes_them(running: tuple[Testbed, Path]) -> None:
+    tb, folder = running
+    write(folder, service("web", [VIP4]), endpoints("web", tb.pods))
+    wait_for(lambda: answers(tb) == {"pod1", "pod2", "pod3"})
+    pkill = subprocess.run(
+        ["pkill", "-TERM", "-f", f"lace_proxy run --manifests {folder}"], check=False
+    )
+    assert pkill.returncode == 0
+    time.sleep(0.5)
+    # Stopped: the kernel keeps serving what was programmed.
+    assert answers(tb, 10) - {"pod1", "pod2", "pod3"} == set()
+    out = subprocess.run(lace_proxy(tb, "cleanup"), capture_output=True, text=True, check=True)
+    assert "removed" in out.stdout
+    assert answers(tb, 3) == {"escaped"}
+    again = subprocess.run(lace_proxy(tb, "cleanup"), capture_output=True, text=True, check=True)
+    assert "not present" in again.stdout
+
+
+def test_sandbox_demo_shows_different_pods(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_demo(EXAMPLES, keep=False, requests=12) == 0
+    out = capsys.readouterr().out
+    for frontend in ("http://10.96.0.10:80/", "http://10.250.0.1:30080/"):
+        pods = {line.split("->")[1].split()[0] for line in out.splitlines() if frontend in line}
+        assert len(pods) >= 2, out  # 12 random picks of 3 pods all alike: 3 * (1/3)^12
