@@ -129,6 +129,7 @@ def cmd_table(args: argparse.Namespace) -> int:
                     "service": plan.service,
                     "port": plan.port_name,
                     "kind": f.kind,
+                    "family": f"IPv{f.family}",
                     "frontend": f"{address}:{f.port}/{f.protocol}",
                     "action": f.verdict or "forward",
                     "affinity": f.affinity_timeout,

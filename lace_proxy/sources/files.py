@@ -56,6 +56,7 @@ class ManifestSource:
         self._origins: dict[Key, str] = {}
         self._rejected: set[Key] = set()
         self._synced = False
+        self._error: str | None = None
 
     def poll(self) -> bool:
         """Reload if the folder changed; True when something was delivered."""
@@ -70,8 +71,11 @@ class ManifestSource:
                 return None
             result = load_manifests(self.path)
         except OSError as exc:
-            log.error("cannot read manifests at %s: %s; keeping what is served", self.path, exc)
+            if str(exc) != self._error:  # once per distinct problem, not every poll
+                self._error = str(exc)
+                log.error("cannot read manifests: %s; keeping what is served", exc)
             return None
+        self._error = None
         self._signature = signature
         return result
 

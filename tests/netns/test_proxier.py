@@ -1,0 +1,161 @@
+"""The sync loop against a real kernel: initial sync, coalescing, resync, refused transactions."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lace_proxy.dataplane.nft import Nft
+from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.model.parse import parse_endpoint_slice, parse_service
+from lace_proxy.proxier import Proxier
+from lace_proxy.sandbox.testbed import Testbed, request_tcp
+from lace_proxy.table import ServiceTable
+
+from .proxykit import NODE, endpoints, names, service
+from .test_nftables_proxy import VIP4
+
+pytestmark = pytest.mark.netns
+
+
+@pytest.fixture
+def tb(make_testbed: Callable[..., Testbed]) -> Testbed:
+    return make_testbed(pods=3)
+
+
+def make(tb: Testbed, **timing: float) -> tuple[Proxier, NftablesBackend]:
+    backend = NftablesBackend(NftablesSettings(), Nft(tb.node.ns.name))
+    proxier = Proxier(ServiceTable(NODE), backend, sources=["a", "b"], **timing)
+    return proxier, backend
+
+
+def run(proxier: Proxier, scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run the sync loop while the scenario plays, then stop it."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.create_task(proxier.run(stop))
+        try:
+            await scenario()
+        finally:
+            stop.set()
+            await loop
+
+    asyncio.run(main())
+
+
+async def answers(tb: Testbed, n: int = 20) -> set[str]:
+    def go() -> set[str]:
+        return set(names([request_tcp(tb.client, VIP4, 80, timeout=0.5) for _ in range(n)]))
+
+    return await asyncio.to_thread(go)
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 10) -> None:
+    """Wait until check() (a bool, or a coroutine giving one) holds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        result = check()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        assert asyncio.get_running_loop().time() < deadline, "not reached in time"
+        await asyncio.sleep(0.05)
+
+
+def web(tb: Testbed, proxier: Proxier, pods: int = 3) -> None:
+    proxier.service_upserted(parse_service(service("web", [VIP4])))
+    proxier.slice_upserted(parse_endpoint_slice(endpoints("web", tb.pods[:pods])))
+
+
+def test_nothing_is_programmed_before_every_source_has_synced(tb: Testbed) -> None:
+    proxier, backend = make(tb, min_sync_period=0.05)
+
+    async def scenario() -> None:
+        web(tb, proxier)
+        proxier.synced("a")
+        await asyncio.sleep(0.3)
+        assert backend.read_back() is None  # "b" has not delivered its initial state
+        proxier.synced("b")
+        await eventually(lambda: backend.read_back() is not None)
+        assert await answers(tb) == {"pod1", "pod2", "pod3"}
+
+    run(proxier, scenario)
+
+
+def test_changes_coalesce_within_min_sync_period(tb: Testbed) -> None:
+    proxier, _ = make(tb, min_sync_period=0.5)
+
+    async def scenario() -> None:
+        web(tb, proxier)
+        proxier.synced("a")
+        proxier.synced("b")
+        await eventually(lambda: proxier.stats.syncs == 1)
+        for i in range(40):  # a burst of endpoint changes
+            proxier.slice_upserted(parse_endpoint_slice(endpoints("web", tb.pods[: 1 + i % 3])))
+            await asyncio.sleep(0.005)
+        proxier.slice_upserted(parse_endpoint_slice(endpoints("web", tb.pods[1:2])))
+        await eventually(lambda: proxier.table.pending == 0)
+        assert await answers(tb) == {"pod2"}
+        assert proxier.stats.syncs <= 3, proxier.stats  # 41 changes, not 41 syncs
+
+    run(proxier, scenario)
+
+
+def test_periodic_full_sync_repairs_drift(tb: Testbed) -> None:
+    proxier, _ = make(tb, min_sync_period=0.05, sync_period=1.0)
+
+    async def scenario() -> None:
+        web(tb, proxier)
+        proxier.synced("a")
+        proxier.synced("b")
+        await eventually(lambda: _eq(answers(tb, 6), {"pod1", "pod2", "pod3"}))
+        # Someone flushes our service map behind our back.
+        tb.exec(tb.node, ["nft", "flush", "map", "inet", "lace-proxy", "service-ips-v4"])
+        assert await answers(tb, 3) != {"pod1", "pod2", "pod3"}
+        full_before = proxier.stats.full_syncs
+        await eventually(lambda: proxier.stats.full_syncs > full_before, timeout=5)
+        assert await answers(tb) == {"pod1", "pod2", "pod3"}
+
+    run(proxier, scenario)
+
+
+async def _eq(coro: Coroutine[Any, Any, set[str]], expected: set[str]) -> bool:
+    return await coro == expected
+
+
+def test_a_refused_transaction_keeps_serving_and_recovers(tb: Testbed, tmp_path: Path) -> None:
+    proxier, backend = make(tb, min_sync_period=0.05)
+
+    async def scenario() -> None:
+        web(tb, proxier)
+        proxier.synced("a")
+        proxier.synced("b")
+        await eventually(lambda: _eq(answers(tb, 10), {"pod1", "pod2", "pod3"}))
+        # Something else now holds a reference to pod3's endpoint chain: deleting that
+        # chain fails (EBUSY), so the kernel refuses the whole incremental transaction.
+        state = backend.read_back()
+        assert state is not None
+        ep_chains = [c for c in state.chains if c.startswith("ep-")]
+        ep3 = next(c for c in ep_chains if _dnats_to(tb, c, "10.251.0.13"))
+        tb.exec(tb.node, ["nft", "add", "chain", "inet", "lace-proxy", "intruder"])
+        tb.exec(tb.node, ["nft", "add", "rule", "inet", "lace-proxy", "intruder", "jump", ep3])
+        failures = proxier.stats.failures
+        proxier.slice_upserted(parse_endpoint_slice(endpoints("web", tb.pods[:2])))
+        await eventually(lambda: proxier.stats.failures > failures)
+        # The refused change is retried as a full sync, which replaces the table whole.
+        await eventually(lambda: _eq(answers(tb), {"pod1", "pod2"}))
+        assert proxier.stats.last_error is None
+
+    run(proxier, scenario)
+
+
+def _dnats_to(tb: Testbed, chain: str, ip: str) -> bool:
+    out = tb.exec(tb.node, ["nft", "list", "chain", "inet", "lace-proxy", chain]).stdout
+    return f"dnat ip to {ip}:" in out

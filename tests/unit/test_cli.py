@@ -1,0 +1,86 @@
+"""The command line: the table view, config errors and missing sources (no root needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lace_proxy.cli import main
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "sandbox"
+
+
+def test_table_json_lists_every_frontend_with_backend_state(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert (
+        main(
+            [
+                "table",
+                "--manifests",
+                str(EXAMPLES),
+                "--hostname-override",
+                "sandbox-node",
+                "-o",
+                "json",
+            ]
+        )
+        == 0
+    )
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["node"] == "sandbox-node"
+    rows = sorted((f["family"], f["kind"], f["frontend"]) for f in doc["frontends"])
+    assert rows == [
+        ("IPv4", "ClusterIP", "10.96.0.10:80/TCP"),
+        ("IPv4", "NodePort", "*:30080/TCP"),
+        ("IPv6", "ClusterIP", "[fd00:96::10]:80/TCP"),
+        ("IPv6", "NodePort", "*:30080/TCP"),
+    ]
+    frontends = {(f["family"], f["kind"]): f for f in doc["frontends"]}
+    cluster = frontends[("IPv4", "ClusterIP")]
+    assert cluster["action"] == "forward"
+    assert [(b["ip"], b["port"], b["ready"], b["local"]) for b in cluster["backends"]] == [
+        ("10.251.0.11", 8000, True, True),
+        ("10.251.0.12", 8000, True, True),
+        ("10.251.0.13", 8000, True, True),
+    ]
+
+
+def test_table_text_marks_remote_endpoints(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["table", "--manifests", str(EXAMPLES), "--hostname-override", "elsewhere"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split() == [
+        "SERVICE",
+        "PORT",
+        "KIND",
+        "FRONTEND",
+        "ACTION",
+        "BACKENDS",
+    ]
+    assert "10.251.0.11:8000 (ready,remote)" in out
+
+
+def test_unknown_config_field_is_an_error_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+        "nftables:\n  syncPeriodd: 30s\n"
+    )
+    assert main(["table", "--config", str(config), "--manifests", str(EXAMPLES)]) == 2
+    assert "nftables.syncPeriodd" in capsys.readouterr().err
+
+
+def test_bad_flag_value_names_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["table", "--manifests", str(EXAMPLES), "--sync-period", "soon"]) == 2
+    assert "--sync-period" in capsys.readouterr().err
+
+
+def test_run_without_a_source_says_what_to_give() -> None:
+    with pytest.raises(SystemExit, match="--manifests"):
+        main(["run"])
+    with pytest.raises(SystemExit, match="no such file or folder"):
+        main(["run", "--manifests", "/nonexistent/lace"])

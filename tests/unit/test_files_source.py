@@ -1,0 +1,159 @@
+"""The `files` source: what it delivers as a manifest folder changes, bad input included."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from lace_proxy.model import EndpointSlice, Node, Service
+from lace_proxy.sources.files import SOURCE_NAME, ManifestSource
+
+
+class Recorder:
+    """A change handler that records what it was told, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+        self.objects: dict[str, Any] = {}
+
+    def service_upserted(self, svc: Service) -> None:
+        self.events.append(("service+", svc.key))
+        self.objects[svc.key] = svc
+
+    def service_deleted(self, key: str) -> None:
+        self.events.append(("service-", key))
+
+    def slice_upserted(self, sl: EndpointSlice) -> None:
+        self.events.append(("slice+", sl.key))
+        self.objects[sl.key] = sl
+
+    def slice_deleted(self, key: str) -> None:
+        self.events.append(("slice-", key))
+
+    def node_upserted(self, node: Node) -> None:
+        self.events.append(("node+", node.name))
+
+    def node_deleted(self, name: str) -> None:
+        self.events.append(("node-", name))
+
+    def synced(self, source: str) -> None:
+        self.events.append(("synced", source))
+
+    def take(self) -> list[tuple[str, str]]:
+        events, self.events = self.events, []
+        return events
+
+
+def svc(name: str, port: int = 80) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": port}]},
+    }
+
+
+def eps(name: str, service: str, ip: str = "10.0.0.1") -> dict[str, Any]:
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "labels": {"kubernetes.io/service-name": service},
+        },
+        "addressType": "IPv4",
+        "ports": [{"port": 8080}],
+        "endpoints": [{"addresses": [ip]}],
+    }
+
+
+def put(folder: Path, name: str, *docs: dict[str, Any]) -> None:
+    path = folder / name
+    path.write_text(yaml.safe_dump_all(docs))
+    # Edits within one mtime tick must still be seen: bump the mtime explicitly.
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+def test_delivers_the_folder_then_only_changes(folder: Path) -> None:
+    put(folder, "a.yaml", svc("a"), eps("a-1", "a"))
+    put(folder, "b.yml", svc("b"))
+    (folder / "notes.txt").write_text("not a manifest")
+    rec = Recorder()
+    source = ManifestSource(folder, rec)
+    assert source.poll()
+    assert sorted(rec.take()) == [
+        ("service+", "default/a"),
+        ("service+", "default/b"),
+        ("slice+", "default/a-1"),
+    ]
+    assert not source.poll()  # unchanged folder: nothing
+    put(folder, "a.yaml", svc("a"), eps("a-1", "a", ip="10.0.0.2"))
+    assert source.poll()
+    assert rec.take() == [("slice+", "default/a-1")]  # the service is unchanged
+    (folder / "b.yml").unlink()
+    assert source.poll()
+    assert rec.take() == [("service-", "default/b")]
+
+
+def test_an_invalid_object_keeps_its_last_good_version(folder: Path) -> None:
+    put(folder, "a.yaml", svc("a"))
+    rec = Recorder()
+    source = ManifestSource(folder, rec)
+    source.poll()
+    rec.take()
+    put(folder, "a.yaml", svc("a", port=70000), svc("c"))
+    source.poll()
+    assert rec.take() == [("service+", "default/c")]  # no delete of a
+    assert source.rejections.counts == {"invalid_port": 1}
+    put(folder, "a.yaml", svc("a", port=81), svc("c"))
+    source.poll()
+    assert rec.take() == [("service+", "default/a")]
+    assert rec.objects["default/a"].ports[0].port == 81
+
+
+def test_an_unparsable_file_keeps_all_its_objects(folder: Path) -> None:
+    put(folder, "a.yaml", svc("a"), eps("a-1", "a"))
+    rec = Recorder()
+    source = ManifestSource(folder, rec)
+    source.poll()
+    rec.take()
+    (folder / "a.yaml").write_text("kind: [unclosed\n")
+    source.poll()
+    assert rec.take() == []
+    assert source.rejections.counts == {"syntax_error": 1}
+    (folder / "a.yaml").unlink()  # deleting the file does delete its objects
+    source.poll()
+    assert sorted(rec.take()) == [("service-", "default/a"), ("slice-", "default/a-1")]
+
+
+def test_a_missing_folder_is_not_synced_until_it_appears(folder: Path) -> None:
+    rec = Recorder()
+    path = folder / "later"
+    source = ManifestSource(path, rec, interval=0.05)
+
+    async def scenario() -> list[tuple[str, str]]:
+        stop = asyncio.Event()
+        task = asyncio.create_task(source.run(stop))
+        await asyncio.sleep(0.2)
+        before = rec.take()
+        path.mkdir()
+        put(path, "a.yaml", svc("a"))
+        await asyncio.sleep(0.3)
+        stop.set()
+        await task
+        assert before == []
+        return rec.take()
+
+    assert asyncio.run(scenario()) == [("service+", "default/a"), ("synced", SOURCE_NAME)]
