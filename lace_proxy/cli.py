@@ -14,6 +14,7 @@ from typing import Any
 
 from lace_proxy import __version__, implementation
 from lace_proxy.config import ConfigError, ProxyConfig, add_config_flags, config_from_args
+from lace_proxy.dataplane.conntrack import Conntrack
 from lace_proxy.dataplane.nft import Nft, NftError
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
 from lace_proxy.model import Rejections, load_manifests
@@ -60,7 +61,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise SystemExit(f"lace-proxy: mode {cfg.mode!r} is not available yet; use nftables")
     path = _manifests(cfg)
     table = ServiceTable(cfg.hostname_override)
-    backend = NftablesBackend(nftables_settings(cfg), Nft())
+    backend = NftablesBackend(nftables_settings(cfg), Nft(), Conntrack())
     rejections = Rejections()
     proxier = Proxier(
         table,

@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lace_proxy.dataplane.conntrack import Conntrack, stale_udp_filters
 from lace_proxy.dataplane.nft import Nft, Transaction
 from lace_proxy.table import Changeset
 
@@ -324,9 +325,15 @@ class NftablesBackend:
 
     family = "inet"
 
-    def __init__(self, settings: NftablesSettings, nft: Nft | None = None) -> None:
+    def __init__(
+        self,
+        settings: NftablesSettings,
+        nft: Nft | None = None,
+        conntrack: Conntrack | None = None,
+    ) -> None:
         self.settings = settings
         self.nft = nft or Nft()
+        self.conntrack = conntrack
         self.renderer = Renderer(settings)
         self._refs: Counter[tuple[int, str]] = Counter()  # (family, ClusterIP) -> plans
 
@@ -405,6 +412,8 @@ class NftablesBackend:
         for name in sorted(old.sets.keys() - new.sets.keys()):
             tx.add(f"delete set inet {t} {name}")
         self.nft.apply(tx)
+        if self.conntrack is not None:
+            self.conntrack.delete_udp(stale_udp_filters(changes))
         return len(tx)
 
     def _cluster_ip_changes(self, tx: Transaction, changes: Changeset) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from lace_proxy.dataplane.conntrack import Conntrack
 from lace_proxy.dataplane.nft import Nft
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
 from lace_proxy.model import Rejections
@@ -102,7 +103,9 @@ class Harness:
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
         settings.setdefault("cluster_cidrs", (POD_CIDR4, POD_CIDR6))
-        self.backend = NftablesBackend(NftablesSettings(**settings), Nft(tb.node.ns.name))
+        self.backend = NftablesBackend(
+            NftablesSettings(**settings), Nft(tb.node.ns.name), Conntrack(tb.node.ns.name)
+        )
         self.table = ServiceTable(NODE)
         self.rejections = Rejections()
         self.proxier = Proxier(self.table, self.backend, sources=[SOURCE_NAME])

@@ -6,6 +6,7 @@ files source → table → proxier → nftables) and asserts on what servers in 
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -318,3 +319,39 @@ def test_full_resync_matches_incremental_state(proxy: Harness) -> None:
     assert {k: v for k, v in incremental.elements.items() if not k.startswith("aff-")} == {
         k: v for k, v in full.elements.items() if not k.startswith("aff-")
     }
+
+
+def udp_exchange(sock: socket.socket, ip: str, port: int) -> str:
+    """One datagram from a fixed source port (the same conntrack flow each time)."""
+    sock.sendto(b"?", (ip, port))
+    try:
+        data, _ = sock.recvfrom(512)
+    except TimeoutError:
+        return "timeout"
+    except ConnectionRefusedError:  # the ICMP error of a reject
+        return "refused"
+    return data.decode().split()[0]
+
+
+def test_udp_flows_follow_endpoint_changes(proxy: Harness) -> None:
+    tb = proxy.tb
+    dns = service("dns", [VIP4], port=53, protocol="UDP")
+    proxy.write("dns", dns, endpoints("dns", tb.pods[:1], protocol="UDP"))
+    proxy.sync()
+    sock = tb.client.ns.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.settimeout(1.0)
+    try:
+        assert udp_exchange(sock, VIP4, 53) == "pod1"
+        # pod1 leaves the service (still alive): the same flow must move to pod2.
+        proxy.write("dns", dns, endpoints("dns", tb.pods[1:2], protocol="UDP"))
+        proxy.sync()
+        assert udp_exchange(sock, VIP4, 53) == "pod2"
+        # No endpoints: the flow is rejected; endpoints again: the same flow is served.
+        proxy.write("dns", dns)
+        proxy.sync()
+        assert udp_exchange(sock, VIP4, 53) == "refused"
+        proxy.write("dns", dns, endpoints("dns", tb.pods[2:3], protocol="UDP"))
+        proxy.sync()
+        assert udp_exchange(sock, VIP4, 53) == "pod3"
+    finally:
+        sock.close()

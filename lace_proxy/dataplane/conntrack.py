@@ -1,0 +1,107 @@
+"""UDP conntrack cleanup: flows must follow endpoint changes, as kube-proxy ensures.
+
+A UDP "connection" lives in conntrack until it idles out, and keeps its DNAT decision for
+that long: a client that keeps sending would keep reaching a removed endpoint, and one that
+was rejected while a service had no endpoints would keep bypassing the new ones. After a
+sync, the entries of removed UDP endpoints, and of UDP services that just got endpoints,
+are deleted (`conntrack -D`, conntrack-tools; argv only, addresses already validated).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import subprocess
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from lace_proxy.dataplane.nft import NETNS_NAME
+from lace_proxy.table import Changeset
+
+log = logging.getLogger(__name__)
+
+Filter = tuple[str, ...]  # conntrack -D arguments after "-p udp"
+
+
+def _endpoints(plan: Any | None) -> set[tuple[str, int]]:
+    if plan is None:
+        return set()
+    return {(b.ip, b.port) for b in (*plan.cluster_backends, *plan.local_backends)}
+
+
+def _served(plan: Any | None) -> bool:
+    return plan is not None and plan.internal_verdict != "reject"
+
+
+def stale_udp_filters(changes: Changeset) -> Iterator[Filter]:
+    """The conntrack deletions a changeset calls for (UDP service ports only)."""
+    pairs: Iterable[tuple[Any | None, Any | None]] = (
+        *((old, None) for old in changes.removed),
+        *((None, new) for new in changes.added),
+        *changes.updated,
+    )
+    for old, new in pairs:
+        plan = old or new
+        if plan.protocol != "UDP":
+            continue
+        family = ("-f", "ipv6") if plan.family == 6 else ()
+        addresses = (plan.cluster_ip, *plan.external_ips, *plan.lb_ips)
+        for ip, port in sorted(_endpoints(old) - _endpoints(new)):
+            for address in addresses:
+                yield (
+                    *family,
+                    "--orig-dst",
+                    address,
+                    "--orig-port-dst",
+                    str(plan.port),
+                    "--reply-src",
+                    ip,
+                    "--reply-port-src",
+                    str(port),
+                )
+            if plan.node_port:
+                yield (
+                    *family,
+                    "--orig-port-dst",
+                    str(plan.node_port),
+                    "--reply-src",
+                    ip,
+                    "--reply-port-src",
+                    str(port),
+                )
+        if new is not None and _served(new) and not _served(old):
+            # Flows rejected while there were no endpoints would never be translated.
+            for address in addresses:
+                yield (*family, "--orig-dst", address, "--orig-port-dst", str(plan.port))
+            if plan.node_port:
+                yield (*family, "--orig-port-dst", str(plan.node_port))
+
+
+class Conntrack:
+    """Deletes conntrack entries, in this network namespace or a named one."""
+
+    def __init__(self, netns: str | None = None, binary: str = "conntrack") -> None:
+        if netns is not None and not NETNS_NAME.match(netns):
+            raise ValueError(f"invalid network namespace name {netns!r}")
+        self._prefix = ["ip", "netns", "exec", netns] if netns else []
+        self._binary = binary
+
+    def delete_udp(self, filters: Iterable[Filter]) -> int:
+        """Run each deletion; returns how many ran. Failures are logged, never raised:
+        a leftover entry only delays convergence until it idles out."""
+        count = 0
+        for args in filters:
+            for value in args[1::2]:  # every flag's value: addresses and ports only
+                if not value.isdigit() and value != "ipv6":
+                    ipaddress.ip_address(value)
+            proc = subprocess.run(
+                [*self._prefix, self._binary, "-D", "-p", "udp", *args],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            # Exit 1 with "0 flow entries" means there was nothing to delete.
+            if proc.returncode not in (0, 1):
+                log.warning("conntrack -D %s failed: %s", " ".join(args), proc.stderr.strip())
+            count += 1
+        return count
