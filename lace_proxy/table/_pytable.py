@@ -7,14 +7,24 @@ CategorizeEndpoints (ready → serving+terminating fallback, Local policies, top
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import NamedTuple
 
 from lace_proxy.model.endpointslice import Endpoint, EndpointSlice
 from lace_proxy.model.service import Service
 from lace_proxy.table.changeset import Changeset, Frontend, plan_frontends
+from lace_proxy.table.claims import (
+    Claims,
+    FrontendKey,
+    describe_conflicts,
+    format_key,
+    service_frontend_keys,
+)
 
 IMPLEMENTATION = "pure"
+
+log = logging.getLogger("lace_proxy.table")
 
 
 class Backend(NamedTuple):
@@ -109,6 +119,7 @@ class ServiceTable:
         self._dirty: dict[str, int] = {}
         self._generation = 0
         self._pending: dict[str, tuple[int, dict[str, Plan]]] = {}
+        self._claims = Claims()
 
     @property
     def node_name(self) -> str:
@@ -132,11 +143,27 @@ class ServiceTable:
 
     def upsert_service(self, svc: Service) -> None:
         self._services[svc.key] = svc
+        self._claim(svc.key, service_frontend_keys(svc))
         self._mark(svc.key)
 
     def delete_service(self, key: str) -> None:
         if self._services.pop(key, None) is not None:
+            self._claim(key, frozenset())
             self._mark(key)
+
+    def _claim(self, key: str, keys: frozenset[FrontendKey]) -> None:
+        was = self._claims.losers.get(key)
+        for other in self._claims.update(key, keys):
+            self._mark(other)  # it inherited a frontend
+        lost = self._claims.losers.get(key)
+        if lost and lost != was:
+            owners = sorted({self._claims.owner(k) or "?" for k in lost})
+            log.warning(
+                "service %s: %s already served by %s; not serving it here until released",
+                key,
+                ", ".join(sorted(format_key(k) for k in lost)),
+                ", ".join(owners),
+            )
 
     def upsert_slice(self, sl: EndpointSlice) -> None:
         old = self._slices.get(sl.key)
@@ -173,8 +200,12 @@ class ServiceTable:
         removed: list[Plan] = []
         updated: list[tuple[Plan, Plan]] = []
         pending: dict[str, tuple[int, dict[str, Plan]]] = {}
+        losers = self._claims.losers
         for key, generation in self._dirty.items():
             new = self._compute(key)
+            lost = losers.get(key)
+            if lost:
+                new = _without(new, lost)
             old = self._applied.get(key, {})
             for pid, plan in new.items():
                 prev = old.get(pid)
@@ -188,6 +219,11 @@ class ServiceTable:
             pending[key] = (generation, new)
         self._pending = pending
         return Changeset(tuple(added), tuple(removed), tuple(updated))
+
+    @property
+    def conflicts(self) -> dict[str, tuple[str, ...]]:
+        """Services not serving some frontends because another service claimed them first."""
+        return describe_conflicts(self._claims.losers)
 
     def commit(self) -> None:
         """Record the last build as programmed; changes that arrived since stay dirty."""
@@ -380,6 +416,22 @@ def _better(cand: _Candidate, prev: _Candidate) -> bool:
     if cand.terminating != prev.terminating:
         return prev.terminating
     return cand.local and not prev.local
+
+
+def _without(plans: dict[str, Plan], lost: frozenset[FrontendKey]) -> dict[str, Plan]:
+    """The plans minus frontends another service owns; no ClusterIP means no plan at all."""
+    out: dict[str, Plan] = {}
+    for pid, p in plans.items():
+        if (p.family, p.cluster_ip, p.protocol, p.port) in lost:
+            continue
+        out[pid] = p._replace(
+            external_ips=tuple(
+                a for a in p.external_ips if (p.family, a, p.protocol, p.port) not in lost
+            ),
+            lb_ips=tuple(a for a in p.lb_ips if (p.family, a, p.protocol, p.port) not in lost),
+            node_port=0 if (p.family, "", p.protocol, p.node_port) in lost else p.node_port,
+        )
+    return out
 
 
 def _backend(c: _Candidate) -> Backend:

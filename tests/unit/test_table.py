@@ -418,3 +418,179 @@ def test_twins_agree_on_random_clusters() -> None:
             views.append(sorted(plan_view(p) for p in table.plans()))
         assert views[0] == views[1], f"seed {seed}"
         assert views[0], f"seed {seed} made no plans"
+
+
+def test_duplicate_ip_within_one_slice_keeps_the_better_copy(twin: ModuleType) -> None:
+    for first_terminating in (True, False):
+        term = ep("10.0.0.1", ready=False, terminating=True)
+        ready = ep("10.0.0.1", "n2")
+        endpoints = (term, ready) if first_terminating else (ready, term)
+        (backend,) = only_plan(built(twin, svc(), eps(*endpoints))).cluster_backends
+        assert (backend.ready, backend.terminating, backend.local) == (True, False, False)
+    # Same IP twice, both ready: the local copy wins, wherever it is in the slice.
+    for endpoints in (
+        (ep("10.0.0.1", "n2"), ep("10.0.0.1")),
+        (ep("10.0.0.1"), ep("10.0.0.1", "n2")),
+    ):
+        (backend,) = only_plan(built(twin, svc(), eps(*endpoints))).cluster_backends
+        assert backend.local
+
+
+def test_large_slices_dedupe_too(twin: ModuleType) -> None:
+    endpoints = [ep(f"10.0.{i // 250}.{i % 250}", "n2") for i in range(300)]
+    endpoints.append(ep("10.0.0.7"))  # a local duplicate of a remote endpoint
+    plan = only_plan(built(twin, svc(), eps(*endpoints)))
+    assert len(plan.cluster_backends) == 300
+    assert [b.local for b in plan.cluster_backends if b.ip == "10.0.0.7"] == [True]
+
+
+def test_slice_count_changes_keep_the_merge_right(twin: ModuleType) -> None:
+    """One slice, two, back to one, none: the service's endpoints follow every step."""
+    table = built(twin, svc(), eps(ep("10.0.0.1"), name="a"))
+    table.upsert_slice(eps(ep("10.0.0.2"), name="b"))
+    table.build()
+    table.commit()
+    assert ips(only_plan(table).cluster_backends) == ["10.0.0.1", "10.0.0.2"]
+    assert [s.name for s in table.slices_of("default/web")] == ["a", "b"]
+    table.delete_slice("default/a")
+    table.build()
+    table.commit()
+    assert ips(only_plan(table).cluster_backends) == ["10.0.0.2"]
+    assert [s.name for s in table.slices_of("default/web")] == ["b"]
+    table.upsert_slice(eps(ep("10.0.0.3"), name="b"))
+    table.build()
+    table.commit()
+    assert ips(only_plan(table).cluster_backends) == ["10.0.0.3"]
+    table.delete_slice("default/b")
+    table.build()
+    table.commit()
+    assert table.slices_of("default/web") == []
+    assert only_plan(table).internal_verdict == "reject"
+
+
+def test_subclassed_model_objects_behave_like_the_model(twin: ModuleType) -> None:
+    """Objects of other types than the model's own take the generic attribute path."""
+    from dataclasses import dataclass
+
+    from lace_proxy.model.endpointslice import Endpoint, EndpointSlice
+    from lace_proxy.model.service import Service
+
+    @dataclass(frozen=True, slots=True)
+    class MyEndpoint(Endpoint):
+        pass
+
+    @dataclass(frozen=True, slots=True)
+    class MySlice(EndpointSlice):
+        pass
+
+    @dataclass(frozen=True, slots=True)
+    class MyService(Service):
+        pass
+
+    base_svc = svc(type="NodePort", ports=(np_port(),), external_traffic_policy="Local")
+    base_slice = eps(ep("10.0.0.1"), ep("10.0.0.2", "n2", hint_zones=("za",)))
+    my_svc = MyService(**{f: getattr(base_svc, f) for f in Service.__dataclass_fields__})
+    my_eps = tuple(
+        MyEndpoint(**{f: getattr(e, f) for f in Endpoint.__dataclass_fields__})
+        for e in base_slice.endpoints
+    )
+    fields = {f: getattr(base_slice, f) for f in EndpointSlice.__dataclass_fields__}
+    my_slice = MySlice(**{**fields, "endpoints": my_eps})
+    expected = plan_view(only_plan(built(twin, base_svc, base_slice, zone="za")))
+    assert plan_view(only_plan(built(twin, my_svc, my_slice, zone="za"))) == expected
+
+
+def random_operations(seed: int) -> list[tuple[str, Any]]:
+    """A random stream of upserts, deletes, slice moves and node changes over a small cluster."""
+    rng = random.Random(seed)
+    cluster = random_cluster(seed)
+    services = [o for o in cluster if hasattr(o, "cluster_ips")]
+    slices = [o for o in cluster if not hasattr(o, "cluster_ips")]
+    ops: list[tuple[str, Any]] = [("upsert", o) for o in cluster]
+    ops.append(("build", True))
+    for _ in range(150):
+        roll = rng.random()
+        if roll < 0.35 and slices:
+            base = rng.choice(slices)
+            endpoints = list(base.endpoints)
+            if endpoints and rng.random() < 0.5:
+                endpoints.pop(rng.randrange(len(endpoints)))
+            if endpoints and rng.random() < 0.5:
+                endpoints.append(endpoints[rng.randrange(len(endpoints))])  # a duplicate IP
+            if rng.random() < 0.4:
+                endpoints.append(ep(f"10.1.{rng.randint(0, 39)}.{rng.randint(1, 9)}", "n1"))
+            service = base.service_name
+            if rng.random() < 0.1:  # move the slice to another service
+                service = rng.choice(services).name
+            ops.append(
+                (
+                    "upsert",
+                    eps(
+                        *endpoints,
+                        service=service,
+                        name=rng.choice([base.name, f"{base.name}-extra"]),
+                        ports=base.ports,
+                        address_type=base.address_type,
+                    ),
+                )
+            )
+        elif roll < 0.45 and slices:
+            ops.append(("delete_slice", rng.choice(slices).key))
+        elif roll < 0.55:
+            ops.append(("upsert", rng.choice(services)))
+        elif roll < 0.6:
+            ops.append(("delete_service", rng.choice(services).key))
+        elif roll < 0.63:
+            ops.append(("set_node", (rng.choice(["n1", "n2"]), rng.choice(["za", "zb", None]))))
+        else:
+            ops.append(("build", rng.random() < 0.8))  # sometimes the dataplane fails
+    ops.append(("build", True))
+    return ops
+
+
+def test_twins_agree_through_random_updates() -> None:
+    """Incremental operation (not just full builds): every changeset and state must match."""
+    import pytest
+
+    try:
+        from lace_proxy.table import _ctable
+    except ImportError:
+        pytest.skip("compiled table not built in this environment")
+    from lace_proxy.table import _pytable
+
+    def changeset_view(change: Any) -> tuple[Any, ...]:
+        return (
+            sorted(plan_view(p) for p in change.added),
+            sorted(plan_view(p) for p in change.removed),
+            sorted((plan_view(a), plan_view(b)) for a, b in change.updated),
+        )
+
+    for seed in range(20):
+        tables = [module.ServiceTable("n1", "za") for module in (_ctable, _pytable)]
+        for step, (op, arg) in enumerate(random_operations(seed)):
+            views = []
+            for table in tables:
+                if op == "upsert":
+                    if hasattr(arg, "cluster_ips"):
+                        table.upsert_service(arg)
+                    else:
+                        table.upsert_slice(arg)
+                elif op == "delete_slice":
+                    table.delete_slice(arg)
+                elif op == "delete_service":
+                    table.delete_service(arg)
+                elif op == "set_node":
+                    table.set_node(*arg)
+                else:
+                    change = table.build()
+                    if arg:
+                        table.commit()
+                    views.append(
+                        (
+                            changeset_view(change),
+                            sorted(plan_view(p) for p in table.plans()),
+                            table.pending,
+                        )
+                    )
+            if views:
+                assert views[0] == views[1], f"seed {seed}, step {step}"
