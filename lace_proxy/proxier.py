@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from lace_proxy.dataplane.nftables import FullSyncRequired
 from lace_proxy.model import EndpointSlice, Node, Service
 from lace_proxy.table import Changeset, ServiceTable
 
@@ -150,8 +151,20 @@ class Proxier:
                 self.stats.full_syncs += 1
                 self._need_full = False
             elif changes:
-                count = await loop.run_in_executor(self._executor, self.dataplane.apply, changes)
-                self.table.commit()
+                try:
+                    count = await loop.run_in_executor(
+                        self._executor, self.dataplane.apply, changes
+                    )
+                    self.table.commit()
+                except FullSyncRequired as exc:
+                    log.info("%s: doing a full sync", exc)
+                    full = True
+                    self.table.commit()
+                    plans = list(self.table.plans())
+                    count = await loop.run_in_executor(
+                        self._executor, self.dataplane.full_sync, plans
+                    )
+                    self.stats.full_syncs += 1
             else:
                 self.table.commit()
                 count = 0

@@ -1,20 +1,31 @@
 """The nftables backend: plans in, nf_tables objects out, one atomic transaction per sync.
 
-The layout follows kube-proxy's nftables mode so operators can read it:
+Dispatch is kube-proxy's (verdict maps keyed by `address . protocol . port`, and
+`protocol . port` for NodePorts), but a service port is data, not chains, so that the
+table stays fast at tens of thousands of services: the kernel's cost of a transaction
+grows with the number of chains (nft re-reads them all; the kernel re-validates jumps),
+and anonymous sets bound in rules cost quadratically when many are loaded at once.
 
-- dispatch is O(1): verdict maps keyed by `address . protocol . port` (`service-ips-v4`,
-  `no-endpoint-services-v4`, `firewall-ips-v4`) and `protocol . port` for NodePorts;
-- each service port has a cluster policy chain `svc-*` (and `local-*` for Local policies,
-  `ext-*` for external traffic, `fw-*` for loadBalancerSourceRanges) that picks an
-  endpoint chain `ep-*` at random (`numgen random`), or by ClientIP affinity first;
-- an endpoint chain marks hairpin traffic for masquerade, records affinity, and DNATs;
+- `service-ips-v4` sends a frontend to a shared chain `lb-v4-N` (N: its endpoint count),
+  which DNATs by looking up `address . protocol . port . (numgen random mod N)` in the
+  data map `endpoints-v4`. External frontends go through `ext-v4-N` (masquerade first),
+  NodePorts through `np-v4-N` (map `nodeport-endpoints-v4`), and externalTrafficPolicy
+  Local through `xl-v4-N-M` / `npl-v4-N-M` (pods and the node itself use the N cluster
+  endpoints, others the M local ones in `local-endpoints-v4` / `nodeport-local-endpoints-v4`).
+  These chains are shared by every service with the same counts.
+- Hairpin traffic (a pod reaching itself through a service) is masqueraded in postrouting
+  by the set `hairpin-v4` of `endpoint . endpoint` pairs.
+- loadBalancerSourceRanges are the sets `firewall-ips-v4` and `firewall-allow-v4`.
+- Services with ClientIP affinity keep kube-proxy's per-service layout (`svc-*`, `local-*`,
+  `ext-*` chains, an `ep-*` chain and an affinity set per endpoint), since the choice
+  must be remembered per endpoint; they are the only per-service chains.
 - reject/drop for services without (local) endpoints happen in filter chains, before
   routing, because a DNAT never happens for them.
 
-Chain names are hashes of the plan id (object names never reach nft as identifiers); the
-plan id is attached as the chain's comment when it is made of safe characters only.
-Rendering is deterministic, so the objects a plan produced can be recomputed from the
-plan: an update diffs old against new and touches only what changed.
+Per-service chain names are hashes of the plan id (object names never reach nft as
+identifiers); the plan id is attached as the chain's comment when it is made of safe
+characters only. Rendering is deterministic, so the objects a plan produced can be
+recomputed from the plan: an update diffs old against new and touches only what changed.
 """
 
 from __future__ import annotations
@@ -32,9 +43,20 @@ from lace_proxy.dataplane.conntrack import Conntrack, stale_udp_filters
 from lace_proxy.dataplane.nft import Nft, Transaction
 from lace_proxy.table import Changeset
 
+#: Shared chain kinds: lb (DNAT by endpoint count), ext (masquerade, then lb), npc (NodePort
+#: DNAT), np (masquerade, then npc), xl / npl (externalTrafficPolicy Local, by local count).
+SHARED_KINDS = ("lb", "ext", "npc", "np", "xl", "npl")
+#: Counts 1..this get their shared chains in every full sync. nft (1.0.6) cannot add a rule
+#: that looks up a data map read back from the kernel, so a chain for a new count can only
+#: be made together with the maps, in a full sync.
+PRECREATED_COUNTS = 16
 SAFE_COMMENT = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
 TABLE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
 FAMILIES = (4, 6)
+
+
+class FullSyncRequired(Exception):
+    """A change needs objects only a full sync can make; nothing was applied."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +103,10 @@ class Rendered:
     comments: dict[str, str] = field(default_factory=dict)
     elements: dict[str, set[str]] = field(default_factory=dict)  # map/set name -> elements
     sets: dict[str, str] = field(default_factory=dict)  # name -> spec
+    # Elements several plans may hold (a ClusterIP of several ports, an endpoint of several
+    # services): the backend counts references and programs each once.
+    shared: set[tuple[str, str]] = field(default_factory=set)
+    needs: set[str] = field(default_factory=set)  # shared chains (lb-*, ext-*, ...) used
 
     def element(self, container: str, value: str) -> None:
         self.elements.setdefault(container, set()).add(value)
@@ -98,6 +124,132 @@ class Renderer:
     def render(self, plan: Any) -> Rendered:
         out = Rendered()
         fam = plan.family
+        v = f"v{fam}"
+        out.shared.add((f"cluster-ips-{v}", plan.cluster_ip))
+        for b in (*plan.cluster_backends, *plan.local_backends):
+            out.shared.add((f"hairpin-{v}", f"{b.ip} . {b.ip}"))
+        if plan.affinity_timeout:
+            self._render_chained(plan, out)
+        else:
+            self._render_data(plan, out)
+        if plan.lb_ips and plan.lb_source_ranges and not _allows_all(plan.lb_source_ranges):
+            key = f"{plan.protocol.lower()} . {plan.port}"
+            for address in plan.lb_ips:
+                out.element(f"firewall-ips-{v}", f"{address} . {key}")
+                for cidr in plan.lb_source_ranges:
+                    out.shared.add((f"firewall-allow-{v}", f"{address} . {cidr}"))
+        return out
+
+    def _render_data(self, plan: Any, out: Rendered) -> None:
+        """A service port as map elements pointing at shared chains."""
+        v = f"v{plan.family}"
+        proto = plan.protocol.lower()
+        key = f"{proto} . {plan.port}"
+        cluster = _ordered(plan.cluster_backends)
+        local = _ordered(plan.local_backends)
+
+        def endpoints(container: str, prefix: str, backends: list[Any]) -> None:
+            for i, b in enumerate(backends):
+                out.element(container, f"{prefix} . {i} : {b.ip} . {b.port}")
+
+        internal = local if plan.internal_local else cluster
+        cluster_key = f"{plan.cluster_ip} . {key}"
+        if plan.internal_verdict is None and internal:
+            out.element(f"service-ips-{v}", f"{cluster_key} : goto lb-{v}-{len(internal)}")
+            out.needs.add(f"lb-{v}-{len(internal)}")
+            endpoints(f"endpoints-{v}", cluster_key, internal)
+        else:
+            out.element(f"no-endpoint-services-{v}", f"{cluster_key} : {self._verdict(plan)}")
+
+        external_addresses = (*plan.external_ips, *plan.lb_ips)
+        if not (plan.node_port or external_addresses):
+            return
+        np_key = f"{proto} . {plan.node_port}"
+        if plan.external_verdict is not None:
+            verdict = self._verdict(plan, external=True)
+            for address in external_addresses:
+                out.element(f"no-endpoint-services-{v}", f"{address} . {key} : {verdict}")
+            if plan.node_port:
+                out.element(f"no-endpoint-nodeports-{v}", f"{np_key} : {verdict}")
+            return
+        n, m = len(cluster), len(local)
+        ext = f"xl-{v}-{m}" if plan.external_local else f"ext-{v}-{n}"
+        np = f"npl-{v}-{m}" if plan.external_local else f"np-{v}-{n}"
+        for address in external_addresses:
+            out.element(f"service-ips-{v}", f"{address} . {key} : goto {ext}")
+            if plan.external_local:
+                endpoints(f"local-endpoints-{v}", f"{address} . {key}", local)
+                if n:  # pods and the node itself still use every endpoint
+                    route = f"{address} . {key} : goto lb-{v}-{n}"
+                    out.element(f"cluster-route-{v}", route)
+            if n:
+                endpoints(f"endpoints-{v}", f"{address} . {key}", cluster)
+        if external_addresses:
+            out.needs.add(ext)
+            if n:
+                out.needs.add(f"lb-{v}-{n}")
+        if plan.node_port:
+            out.element(f"service-nodeports-{v}", f"{np_key} : goto {np}")
+            out.needs.add(np)
+            if plan.external_local:
+                endpoints(f"nodeport-local-endpoints-{v}", np_key, local)
+                if n:
+                    out.element(f"nodeport-cluster-route-{v}", f"{np_key} : goto npc-{v}-{n}")
+            if n:
+                out.needs.add(f"npc-{v}-{n}")
+                endpoints(f"nodeport-endpoints-{v}", np_key, cluster)
+
+    def shared_chain(self, name: str) -> tuple[str, ...]:
+        """The rules of a shared chain, from its name (KIND-vF-COUNT; see SHARED_KINDS)."""
+        kind, v, count = name.split("-")
+        fam = int(v[1:])
+        ip = _ip(fam)
+        n = int(count)
+        lookup = f"{ip} daddr . meta l4proto . th dport"
+        np_lookup = "meta l4proto . th dport"
+
+        def dnat(key: str, container: str) -> str:
+            return f"dnat {ip} to {key} . numgen random mod {n} map @{container}-{v}"
+
+        if kind == "lb":
+            return (dnat(lookup, "endpoints"),)
+        if kind == "ext":
+            return ("jump mark-for-masquerade", f"goto lb-{v}-{n}")
+        if kind == "npc":
+            return (f"meta nfproto ipv{fam} {dnat(np_lookup, 'nodeport-endpoints')}",)
+        if kind == "np":
+            return ("jump mark-for-masquerade", f"goto npc-{v}-{n}")
+        # xl / npl: externalTrafficPolicy Local. Pods and the node itself are routed to
+        # every endpoint (the *cluster-route maps), other sources to the n local ones.
+        route, local_map, key = (
+            (f"{lookup} vmap @cluster-route-{v}", "local-endpoints", lookup)
+            if kind == "xl"
+            else (
+                f"{np_lookup} vmap @nodeport-cluster-route-{v}",
+                "nodeport-local-endpoints",
+                np_lookup,
+            )
+        )
+        rules = []
+        if self._has_cluster_cidrs[fam]:
+            rules.append(f"{ip} saddr @cluster-cidrs-{v} {route}")
+        rules.append("fib saddr type local jump mark-for-masquerade")
+        rules.append(f"fib saddr type local {route}")
+        rules.append(f"meta nfproto ipv{fam} {dnat(key, local_map)}")
+        return tuple(rules)
+
+    def precreated(self) -> list[str]:
+        """Shared chains every full sync makes, so that changes rarely need a new one."""
+        return [
+            f"{kind}-v{fam}-{n}"
+            for fam in FAMILIES
+            for kind in SHARED_KINDS
+            for n in range(1, PRECREATED_COUNTS + 1)
+        ]
+
+    def _render_chained(self, plan: Any, out: Rendered) -> None:
+        """A service port with ClientIP affinity: kube-proxy's per-endpoint chains."""
+        fam = plan.family
         ip = _ip(fam)
         v = f"v{fam}"
         proto = plan.protocol.lower()
@@ -105,32 +257,28 @@ class Renderer:
         affinity = plan.affinity_timeout
 
         ep_chains: dict[tuple[str, int], str] = {}
-        for b in (*plan.cluster_backends, *plan.local_backends):
+        for b in _ordered((*plan.cluster_backends, *plan.local_backends)):
             ident = (b.ip, b.port)
             if ident in ep_chains:
                 continue
             name = f"ep-{_h(plan.id, b.ip, b.port)}"
             ep_chains[ident] = name
-            rules = [f"{ip} saddr {b.ip} jump mark-for-masquerade"]
-            if affinity:
-                aff = f"aff-{name[3:]}"
-                out.sets[aff] = (
-                    f"type {_addr_type(fam)}; flags dynamic,timeout; timeout {affinity}s;"
-                )
-                rules.append(f"update @{aff} {{ {ip} saddr }}")
-            rules.append(f"meta l4proto {proto} dnat {ip} to {_dnat_target(b.ip, b.port, fam)}")
-            out.chains[name] = tuple(rules)
+            aff = f"aff-{name[3:]}"
+            out.sets[aff] = f"type {_addr_type(fam)}; flags dynamic,timeout; timeout {affinity}s;"
+            out.chains[name] = (
+                f"update @{aff} {{ {ip} saddr }}",
+                f"meta l4proto {proto} dnat {ip} to {_dnat_target(b.ip, b.port, fam)}",
+            )
 
         def policy_chain(name: str, backends: tuple[Any, ...]) -> None:
-            rules: list[str] = []
-            targets = [ep_chains[(b.ip, b.port)] for b in backends]
-            if affinity:
-                rules.extend(f"{ip} saddr @aff-{t[3:]} goto {t}" for t in targets)
-            if len(targets) == 1:
-                rules.append(f"goto {targets[0]}")
-            else:
-                vmap = ", ".join(f"{i} : goto {t}" for i, t in enumerate(targets))
-                rules.append(f"numgen random mod {len(targets)} vmap {{ {vmap} }}")
+            targets = [ep_chains[(b.ip, b.port)] for b in _ordered(backends)]
+            rules = [f"{ip} saddr @aff-{t[3:]} goto {t}" for t in targets]
+            # Uniform without an anonymous set: rule i takes 1/(N-i) of what reaches it.
+            count = len(targets)
+            rules += [
+                f"numgen random mod {count - i} == 0 goto {t}" for i, t in enumerate(targets[:-1])
+            ]
+            rules.append(f"goto {targets[-1]}")
             out.chains[name] = tuple(rules)
             if SAFE_COMMENT.match(plan.id):
                 out.comments[name] = plan.id
@@ -156,7 +304,7 @@ class Renderer:
 
         external_addresses = (*plan.external_ips, *plan.lb_ips)
         if not (plan.node_port or external_addresses):
-            return out
+            return
         ext = None
         if plan.external_verdict is None:
             ext = f"ext-{h}"
@@ -181,13 +329,6 @@ class Renderer:
         if plan.node_port:
             np_map = "service-nodeports" if ext else "no-endpoint-nodeports"
             out.element(f"{np_map}-{v}", f"{proto} . {plan.node_port} : {ext_verdict}")
-        if plan.lb_ips and plan.lb_source_ranges and not _allows_all(plan.lb_source_ranges):
-            fw = f"fw-{h}"
-            ranges = ", ".join(plan.lb_source_ranges)
-            out.chains[fw] = (f"{ip} saddr != {{ {ranges} }} drop",)
-            for address in plan.lb_ips:
-                out.element(f"firewall-ips-{v}", f"{address} . {key} : goto {fw}")
-        return out
 
     @staticmethod
     def _verdict(plan: Any, external: bool = False) -> str:
@@ -201,15 +342,29 @@ class Renderer:
         lines = [f"table inet {t} {{"]
         for fam in FAMILIES:
             v = f"v{fam}"
+            ip = _ip(fam)
             at = _addr_type(fam)
+            by_bucket = f"typeof {ip} daddr . meta l4proto . th dport . numgen random mod 1"
+            np_by_bucket = "typeof meta l4proto . th dport . numgen random mod 1"
+            target = f"{ip} daddr . th dport"
+            lines += [
+                f"  map endpoints-{v} {{ {by_bucket} : {target}; }}",
+                f"  map local-endpoints-{v} {{ {by_bucket} : {target}; }}",
+                f"  map nodeport-endpoints-{v} {{ {np_by_bucket} : {target}; }}",
+                f"  map nodeport-local-endpoints-{v} {{ {np_by_bucket} : {target}; }}",
+                f"  map cluster-route-{v} {{ type {at} . inet_proto . inet_service : verdict; }}",
+                f"  map nodeport-cluster-route-{v} {{ type inet_proto . inet_service : verdict; }}",
+            ]
             lines += [
                 f"  map service-ips-{v} {{ type {at} . inet_proto . inet_service : verdict; }}",
                 f"  map no-endpoint-services-{v} {{ type {at} . inet_proto . inet_service"
                 " : verdict; }",
-                f"  map firewall-ips-{v} {{ type {at} . inet_proto . inet_service : verdict; }}",
+                f"  set firewall-ips-{v} {{ type {at} . inet_proto . inet_service; }}",
+                f"  set firewall-allow-{v} {{ typeof {ip} daddr . {ip} saddr; flags interval; }}",
                 f"  map service-nodeports-{v} {{ type inet_proto . inet_service : verdict; }}",
                 f"  map no-endpoint-nodeports-{v} {{ type inet_proto . inet_service : verdict; }}",
                 f"  set cluster-ips-{v} {{ type {at}; }}",
+                f"  set hairpin-{v} {{ typeof {ip} saddr . {ip} daddr; }}",
                 f"  set cluster-cidrs-{v} {{ type {at}; flags interval; {self._elements(fam, 1)}}}",
                 f"  set nodeport-cidrs-{v} {{ type {at}; flags interval; "
                 f"{self._elements(fam, 2)}}}",
@@ -219,6 +374,8 @@ class Renderer:
             f"    meta mark set meta mark | {mark:#x}",
             "  }",
             "  chain masquerading {",
+            "    ct status dnat ip saddr . ip daddr @hairpin-v4 jump mark-for-masquerade",
+            "    ct status dnat ip6 saddr . ip6 daddr @hairpin-v6 jump mark-for-masquerade",
             f"    meta mark & {mark:#x} == 0 return",
             f"    meta mark set meta mark ^ {mark:#x}",
             "    masquerade fully-random",
@@ -255,7 +412,10 @@ class Renderer:
         lines += ["  }", "  chain firewall-check {"]
         for fam in FAMILIES:
             ip, v = _ip(fam), f"v{fam}"
-            lines.append(f"    {ip} daddr . meta l4proto . th dport vmap @firewall-ips-{v}")
+            lines.append(
+                f"    {ip} daddr . meta l4proto . th dport @firewall-ips-{v}"
+                f" {ip} daddr . {ip} saddr != @firewall-allow-{v} drop"
+            )
         lines += ["  }", "  chain cluster-ips-check {"]
         for fam in FAMILIES:
             ip, v = _ip(fam), f"v{fam}"
@@ -335,7 +495,8 @@ class NftablesBackend:
         self.nft = nft or Nft()
         self.conntrack = conntrack
         self.renderer = Renderer(settings)
-        self._refs: Counter[tuple[int, str]] = Counter()  # (family, ClusterIP) -> plans
+        self._refs: Counter[tuple[str, str]] = Counter()  # shared element -> plans holding it
+        self._shared_chains: set[str] = set()
 
     @property
     def table(self) -> str:
@@ -353,38 +514,43 @@ class NftablesBackend:
         tx.add(f"delete table inet {t}")
         tx.extend(self.renderer.base())
         merged = Rendered()
-        refs: Counter[tuple[int, str]] = Counter()
+        refs: Counter[tuple[str, str]] = Counter()
         for plan in plans:
-            refs[(plan.family, plan.cluster_ip)] += 1
             r = self.renderer.render(plan)
-            merged.chains.update(r.chains)
-            merged.comments.update(r.comments)
-            merged.sets.update(r.sets)
-            for container, values in r.elements.items():
-                merged.elements.setdefault(container, set()).update(values)
-        for family, ip in refs:
-            merged.element(f"cluster-ips-v{family}", ip)
+            refs.update(r.shared)
+            _merge_into(merged, r)
+        for container, element in refs:
+            merged.element(container, element)
+        shared = merged.needs | set(self.renderer.precreated())
+        for name in shared:
+            merged.chains[name] = self.renderer.shared_chain(name)
         self._add_objects(tx, merged)
         self.nft.apply(tx)
         self._refs = refs
+        self._shared_chains = shared
         return len(tx)
 
     def apply(self, changes: Changeset) -> int:
         """Program one changeset as one atomic transaction; returns the command count."""
         old, new = Rendered(), Rendered()
-        for plan in changes.removed:
-            _merge_into(old, self.renderer.render(plan))
-        for plan in changes.added:
-            _merge_into(new, self.renderer.render(plan))
-        for before, after in changes.updated:
-            _merge_into(old, self.renderer.render(before))
-            _merge_into(new, self.renderer.render(after))
+        refs = self._refs.copy()
+        for plan in (*changes.removed, *(before for before, _ in changes.updated)):
+            r = self.renderer.render(plan)
+            refs.subtract(r.shared)
+            _merge_into(old, r)
+        for plan in (*changes.added, *(after for _, after in changes.updated)):
+            r = self.renderer.render(plan)
+            refs.update(r.shared)
+            _merge_into(new, r)
         tx = Transaction()
         t = self.settings.table
         # 1. New sets and chains exist before anything refers to them.
         for name, spec in sorted(new.sets.items()):
             if name not in old.sets:
                 tx.add(f"add set inet {t} {name} {{ {spec} }}")
+        missing = new.needs - self._shared_chains
+        if missing:
+            raise FullSyncRequired(f"new shared chains needed: {', '.join(sorted(missing))}")
         changed = {n: r for n, r in new.chains.items() if old.chains.get(n) != r}
         for name in sorted(changed):
             tx.add(self._chain_decl(name, new.comments.get(name)))
@@ -403,35 +569,25 @@ class NftablesBackend:
             add = sorted(after - before)
             if add:
                 tx.add(f"add element inet {t} {container} {{ {', '.join(add)} }}")
-        self._cluster_ip_changes(tx, changes)
-        # 4. Chains and sets nothing refers to any more.
-        for name in sorted(old.chains.keys() - new.chains.keys(), key=_chain_order, reverse=True):
-            tx.add(f"flush chain inet {t} {name}")
-        for name in sorted(old.chains.keys() - new.chains.keys(), key=_chain_order, reverse=True):
-            tx.add(f"delete chain inet {t} {name}")
+        # 4. Shared elements appear with their first holder and go with their last.
+        for container, element in sorted(old.shared | new.shared):
+            was = self._refs[(container, element)] > 0
+            now = refs[(container, element)] > 0
+            if was and not now:
+                tx.add(f"delete element inet {t} {container} {{ {element} }}")
+            elif now and not was:
+                tx.add(f"add element inet {t} {container} {{ {element} }}")
+        # 5. Chains and sets nothing refers to any more (shared chains stay: they are few).
+        gone = sorted(old.chains.keys() - new.chains.keys(), key=_chain_order, reverse=True)
+        tx.extend(f"flush chain inet {t} {name}" for name in gone)
+        tx.extend(f"delete chain inet {t} {name}" for name in gone)
         for name in sorted(old.sets.keys() - new.sets.keys()):
             tx.add(f"delete set inet {t} {name}")
         self.nft.apply(tx)
+        self._refs = +refs  # drop the zero counts
         if self.conntrack is not None:
             self.conntrack.delete_udp(stale_udp_filters(changes))
         return len(tx)
-
-    def _cluster_ip_changes(self, tx: Transaction, changes: Changeset) -> None:
-        """Keep `cluster-ips-v*` in step: a ClusterIP stays while any of its ports has a plan."""
-        before = dict(self._refs)
-        for plan in (*changes.removed, *(old for old, _ in changes.updated)):
-            self._refs[(plan.family, plan.cluster_ip)] -= 1
-        for plan in (*changes.added, *(new for _, new in changes.updated)):
-            self._refs[(plan.family, plan.cluster_ip)] += 1
-        t = self.settings.table
-        for ref in sorted(self._refs.keys() | before.keys()):
-            was, now = before.get(ref, 0) > 0, self._refs[ref] > 0
-            if was and not now:
-                tx.add(f"delete element inet {t} cluster-ips-v{ref[0]} {{ {ref[1]} }}")
-            elif now and not was:
-                tx.add(f"add element inet {t} cluster-ips-v{ref[0]} {{ {ref[1]} }}")
-        for ref in [r for r, n in self._refs.items() if n <= 0]:
-            del self._refs[ref]
 
     def cleanup(self) -> bool:
         """Remove everything this backend made (the whole table)."""
@@ -463,13 +619,20 @@ def _merge_into(acc: Rendered, r: Rendered) -> None:
     acc.chains.update(r.chains)
     acc.comments.update(r.comments)
     acc.sets.update(r.sets)
+    acc.shared |= r.shared
+    acc.needs |= r.needs
     for container, values in r.elements.items():
         acc.elements.setdefault(container, set()).update(values)
 
 
+def _ordered(backends: Iterable[Any]) -> list[Any]:
+    """Backends in a stable order, so that the same set always renders the same elements."""
+    return sorted(backends, key=lambda b: (b.ip, b.port))
+
+
 def _chain_order(name: str) -> tuple[int, str]:
     """Endpoint chains first, then policy chains, then the chains that jump to those."""
-    rank = {"ep": 0, "svc": 1, "local": 1, "ext": 2, "fw": 3}
+    rank = {"ep": 0, "svc": 1, "local": 1, "lb": 1, "npc": 1, "ext": 2, "xl": 2, "np": 2}
     return rank.get(name.split("-", 1)[0], 9), name
 
 
@@ -510,8 +673,11 @@ class KernelState:
 
 def _render_json(element: Any) -> str:
     """A map/set element from nft's JSON in the text form the renderer writes."""
-    if isinstance(element, list) and len(element) == 2 and isinstance(element[1], dict):
-        return f"{_render_json(element[0])} : {_render_verdict(element[1])}"
+    if isinstance(element, list) and len(element) == 2:
+        key, value = element
+        verdict = isinstance(value, dict) and not value.keys() & {"concat", "prefix", "elem"}
+        shown = _render_verdict(value) if verdict else _render_json(value)
+        return f"{_render_json(key)} : {shown}"
     if isinstance(element, dict):
         if "concat" in element:
             return " . ".join(_render_json(p) for p in element["concat"])

@@ -174,7 +174,12 @@ def test_service_without_endpoints_is_refused_at_once(proxy: Harness, v6: bool) 
 
 def test_external_traffic_policy_local(proxy: Harness) -> None:
     tb = proxy.tb
-    spec = {"type": "NodePort", "node_port": 30080, "externalTrafficPolicy": "Local"}
+    spec = {
+        "type": "LoadBalancer",
+        "node_port": 30080,
+        "externalTrafficPolicy": "Local",
+        "status": {"loadBalancer": {"ingress": [{"ip": LB4}]}},
+    }
     proxy.write(
         "local",
         service("local", [VIP4], **spec),  # type: ignore[arg-type]
@@ -182,10 +187,13 @@ def test_external_traffic_policy_local(proxy: Harness) -> None:
         endpoints("local", tb.pods[1:], node=OTHER_NODE, name="local-b"),
     )
     proxy.sync()
-    results = many(tb.client, UPLINK_NODE4, 30080, n=20)
-    assert names(results) == {"pod1": 20}
-    # The client's address is preserved (no masquerade under Local).
-    assert {r.reply.peer for r in results if r.reply} == {CLIENT4}
+    for address, port in ((UPLINK_NODE4, 30080), (LB4, 80)):
+        results = many(tb.client, address, port, n=20)
+        assert names(results) == {"pod1": 20}, address
+        # The client's address is preserved (no masquerade under Local).
+        assert {r.reply.peer for r in results if r.reply} == {CLIENT4}
+    # Pods reaching the load balancer address are short-circuited to every endpoint.
+    assert set(names(many(tb.pods[2], LB4, 80, n=40))) == {"pod1", "pod2", "pod3"}
     # Cluster traffic to the ClusterIP still uses every endpoint.
     assert set(names(many(tb.pods[2], VIP4, 80, n=40))) == {"pod1", "pod2", "pod3"}
     # No local endpoint: external traffic is dropped, never sent off-node.
@@ -195,8 +203,9 @@ def test_external_traffic_policy_local(proxy: Harness) -> None:
         endpoints("local", tb.pods[1:], node=OTHER_NODE, name="local-b"),
     )
     proxy.sync()
-    dropped = request_tcp(tb.client, UPLINK_NODE4, 30080, timeout=1.0)
-    assert dropped.outcome == "timeout", dropped
+    for address, port in ((UPLINK_NODE4, 30080), (LB4, 80)):
+        dropped = request_tcp(tb.client, address, port, timeout=1.0)
+        assert dropped.outcome == "timeout", dropped
 
 
 def test_internal_traffic_policy_local(proxy: Harness) -> None:
