@@ -533,14 +533,14 @@ class NftablesBackend:
     def apply(self, changes: Changeset) -> int:
         """Program one changeset as one atomic transaction; returns the command count."""
         old, new = Rendered(), Rendered()
-        refs = self._refs.copy()
+        delta: Counter[tuple[str, str]] = Counter()  # shared element -> change in holders
         for plan in (*changes.removed, *(before for before, _ in changes.updated)):
             r = self.renderer.render(plan)
-            refs.subtract(r.shared)
+            delta.subtract(r.shared)
             _merge_into(old, r)
         for plan in (*changes.added, *(after for _, after in changes.updated)):
             r = self.renderer.render(plan)
-            refs.update(r.shared)
+            delta.update(r.shared)
             _merge_into(new, r)
         tx = Transaction()
         t = self.settings.table
@@ -570,9 +570,10 @@ class NftablesBackend:
             if add:
                 tx.add(f"add element inet {t} {container} {{ {', '.join(add)} }}")
         # 4. Shared elements appear with their first holder and go with their last.
-        for container, element in sorted(old.shared | new.shared):
-            was = self._refs[(container, element)] > 0
-            now = refs[(container, element)] > 0
+        for shared, change in sorted(delta.items()):
+            container, element = shared
+            was = self._refs[shared] > 0
+            now = self._refs[shared] + change > 0
             if was and not now:
                 tx.add(f"delete element inet {t} {container} {{ {element} }}")
             elif now and not was:
@@ -584,7 +585,12 @@ class NftablesBackend:
         for name in sorted(old.sets.keys() - new.sets.keys()):
             tx.add(f"delete set inet {t} {name}")
         self.nft.apply(tx)
-        self._refs = +refs  # drop the zero counts
+        for shared, change in delta.items():
+            count = self._refs[shared] + change
+            if count > 0:
+                self._refs[shared] = count
+            else:
+                del self._refs[shared]
         if self.conntrack is not None:
             self.conntrack.delete_udp(stale_udp_filters(changes))
         return len(tx)

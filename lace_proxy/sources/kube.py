@@ -1,0 +1,399 @@
+"""The `kube` source: reflectors that list and watch the Kubernetes API, as client-go's do.
+
+One reflector per resource (Services, EndpointSlices, this node's Node) lists, then watches
+from the list's resourceVersion with bookmarks, and resumes from the last version it saw
+after a dropped connection. A `410 Gone` (the version left the server's history) leads to a
+relist whose result is diffed against what was delivered, so the table sees only real
+changes — no flush. Failures back off exponentially with jitter; every read has a timeout
+so a stalled server is noticed.
+
+The `kubernetes` package's client is synchronous, so each reflector runs in a worker thread;
+parsed, validated changes reach the change handler on the event loop
+(`call_soon_threadsafe`), in order. An object that fails validation keeps its last good
+version, as with the files source.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from lace_proxy.model import (
+    HEADLESS_LABEL,
+    SERVICE_PROXY_NAME_LABEL,
+    Rejections,
+    ValidationError,
+    parse_endpoint_slice,
+    parse_node,
+    parse_service,
+)
+from lace_proxy.sources import ChangeHandler
+
+log = logging.getLogger(__name__)
+
+SOURCE_NAME = "kube"
+#: kube-proxy's selector for Services and EndpointSlices: skip other proxies' and headless ones.
+PROXY_SELECTOR = f"!{SERVICE_PROXY_NAME_LABEL},!{HEADLESS_LABEL}"
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Timeouts and backoff; tests shrink them."""
+
+    connect_timeout: float = 10.0
+    read_timeout: float = 90.0  # > the server's bookmark interval (about a minute)
+    watch_timeout: int = 300  # timeoutSeconds asked of the server; jittered up to 2x
+    backoff_initial: float = 0.8
+    backoff_max: float = 30.0
+
+
+class Gone(Exception):
+    """The server no longer has the requested resourceVersion: relist."""
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One watched resource: where it lives, how to parse it, how to deliver it."""
+
+    name: str
+    path: str
+    label_selector: str | None
+    field_selector: str | None
+    parse: Callable[[dict[str, Any]], Any]
+    key: Callable[[Any], str]
+    upsert: str  # ChangeHandler method names
+    delete: str
+
+
+def resources(node_name: str) -> list[Resource]:
+    """What the proxy watches: Services, EndpointSlices and its own Node."""
+    return [
+        Resource(
+            "services",
+            "/api/v1/services",
+            PROXY_SELECTOR,
+            None,
+            parse_service,
+            lambda o: o.key,
+            "service_upserted",
+            "service_deleted",
+        ),
+        Resource(
+            "endpointslices",
+            "/apis/discovery.k8s.io/v1/endpointslices",
+            PROXY_SELECTOR,
+            None,
+            parse_endpoint_slice,
+            lambda o: o.key,
+            "slice_upserted",
+            "slice_deleted",
+        ),
+        Resource(
+            "nodes",
+            "/api/v1/nodes",
+            None,
+            f"metadata.name={node_name}",
+            parse_node,
+            lambda o: o.name,
+            "node_upserted",
+            "node_deleted",
+        ),
+    ]
+
+
+def api_client(kubeconfig: str | None = None, master: str | None = None) -> k8s.ApiClient:
+    """In-cluster config, or a kubeconfig file, or a bare API server URL (as kube-proxy)."""
+    configuration = k8s.Configuration()
+    if kubeconfig:
+        k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    elif master is None:
+        k8s_config.load_incluster_config(client_configuration=configuration)
+    if master:
+        configuration.host = master
+    return k8s.ApiClient(configuration)
+
+
+def _object_key(raw: dict[str, Any]) -> str:
+    meta = raw.get("metadata") or {}
+    namespace = meta.get("namespace")
+    return f"{namespace}/{meta.get('name')}" if namespace else str(meta.get("name"))
+
+
+class Reflector:
+    """Lists and watches one resource, delivering changes to the handler on the loop."""
+
+    def __init__(
+        self,
+        resource: Resource,
+        api: k8s.ApiClient,
+        handler: ChangeHandler,
+        loop: asyncio.AbstractEventLoop,
+        rejections: Rejections,
+        timing: Timing,
+        on_synced: Callable[[], None],
+        metrics: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.resource = resource
+        self.api = api
+        self.handler = handler
+        self.loop = loop
+        self.rejections = rejections
+        self.timing = timing
+        self.on_synced = on_synced
+        self.metrics = metrics or (lambda event, resource: None)
+        self.delivered: dict[str, Any] = {}  # key -> last good model object
+        self.resource_version: str | None = None
+        self.relists = 0
+        self.watch_restarts = 0
+        self._stop = threading.Event()
+        self._response: Any = None
+        self._synced = False
+
+    # -- running --
+
+    def run(self) -> None:
+        """The reflector's thread: list, watch, resume, relist; until stop()."""
+        delay = self.timing.backoff_initial
+        while not self._stop.is_set():
+            try:
+                if self.resource_version is None:
+                    self._list()
+                self._watch()
+                delay = self.timing.backoff_initial  # a watch that ends normally: resume
+            except Gone:
+                log.info(
+                    "%s: resourceVersion %s expired; relisting",
+                    self.resource.name,
+                    self.resource_version,
+                )
+                self.resource_version = None
+                self.relists += 1
+                self.metrics("relist", self.resource.name)
+            except Exception as exc:
+                if self._stop.is_set():
+                    return
+                self.watch_restarts += 1
+                self.metrics("watch_restart", self.resource.name)
+                log.warning("%s: %s; retrying in %.1fs", self.resource.name, _describe(exc), delay)
+                self._stop.wait(delay * random.uniform(1.0, 1.5))
+                delay = min(delay * 2, self.timing.backoff_max)
+
+    def stop(self) -> None:
+        """Ask the thread to end, and unblock a read in progress."""
+        self._stop.set()
+        response = self._response
+        if response is not None:
+            try:
+                response.shutdown()
+            except Exception:
+                response.release_conn()
+
+    # -- protocol --
+
+    def _get(self, query: dict[str, str], read_timeout: float) -> Any:
+        query = dict(query)
+        if self.resource.label_selector:
+            query["labelSelector"] = self.resource.label_selector
+        if self.resource.field_selector:
+            query["fieldSelector"] = self.resource.field_selector
+        method, url, headers, body, post = self.api.param_serialize(
+            "GET",
+            self.resource.path,
+            query_params=list(query.items()),
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(
+            method,
+            url,
+            headers,
+            body,
+            post,
+            _request_timeout=(self.timing.connect_timeout, read_timeout),
+        )
+        if response.status >= 400:
+            data = response.response.data
+            response.response.release_conn()
+            raise k8s.ApiException(status=response.status, reason=response.reason, body=data)
+        return response.response  # the urllib3 response, not yet read: streamable
+
+    def _list(self) -> None:
+        response = self._get({}, self.timing.read_timeout)
+        try:
+            body = json.loads(response.data)
+        finally:
+            response.release_conn()
+        items = body.get("items") or []
+        parsed: dict[str, Any] = {}
+        for raw in items:
+            obj = self._parse(raw)
+            key = _object_key(raw)
+            if obj is not None:
+                parsed[key] = obj
+            elif key in self.delivered:
+                parsed[key] = self.delivered[key]  # keep the last good version
+        self._call(self._apply_list, parsed)
+        self.resource_version = str(body.get("metadata", {}).get("resourceVersion") or "")
+        if not self._synced:
+            self._synced = True
+            self.loop.call_soon_threadsafe(self.on_synced)
+
+    def _apply_list(self, parsed: dict[str, Any]) -> None:
+        """On the loop: deliver the difference between a (re)list and what was delivered."""
+        handler_delete = getattr(self.handler, self.resource.delete)
+        handler_upsert = getattr(self.handler, self.resource.upsert)
+        for key in self.delivered.keys() - parsed.keys():
+            handler_delete(key)
+        for key, obj in parsed.items():
+            if self.delivered.get(key) != obj:
+                handler_upsert(obj)
+        self.delivered = parsed
+
+    def _watch(self) -> None:
+        timeout = int(self.timing.watch_timeout * random.uniform(1.0, 2.0))
+        query = {
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout),
+            "resourceVersion": self.resource_version or "",
+        }
+        response = self._get(query, self.timing.read_timeout)
+        self._response = response
+        try:
+            for event in _events(response):
+                if self._stop.is_set():
+                    return
+                self._event(event)
+        finally:
+            self._response = None
+            response.release_conn()
+
+    def _event(self, event: dict[str, Any]) -> None:
+        kind, raw = event.get("type"), event.get("object") or {}
+        if kind == "ERROR":
+            if raw.get("code") == 410:
+                raise Gone(raw.get("message", "expired"))
+            raise RuntimeError(f"watch error: {raw.get('message', raw)}")
+        version = (raw.get("metadata") or {}).get("resourceVersion")
+        if kind == "BOOKMARK":
+            self.resource_version = version or self.resource_version
+            return
+        key = _object_key(raw)
+        if kind == "DELETED":
+            self._call(self._deliver_delete, key)
+        elif kind in ("ADDED", "MODIFIED"):
+            obj = self._parse(raw)
+            if obj is not None:
+                self._call(self._deliver_upsert, key, obj)
+        if version:
+            self.resource_version = version
+
+    def _deliver_upsert(self, key: str, obj: Any) -> None:
+        if self.delivered.get(key) != obj:
+            self.delivered[key] = obj
+            getattr(self.handler, self.resource.upsert)(obj)
+
+    def _deliver_delete(self, key: str) -> None:
+        if self.delivered.pop(key, None) is not None:
+            getattr(self.handler, self.resource.delete)(key)
+
+    def _parse(self, raw: dict[str, Any]) -> Any:
+        try:
+            return self.resource.parse(raw)
+        except ValidationError as error:
+            self._call(self.rejections.record, error)
+            return None
+
+    def _call(self, fn: Callable[..., None], *args: Any) -> None:
+        self.loop.call_soon_threadsafe(fn, *args)
+
+
+def _events(response: Any) -> Iterator[dict[str, Any]]:
+    """Newline-delimited JSON watch events from a streaming response."""
+    pending = b""
+    for chunk in response.stream(65536, decode_content=True):
+        pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            if line.strip():
+                yield json.loads(line)
+    if pending.strip():
+        yield json.loads(pending)
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, urllib3.exceptions.ReadTimeoutError):
+        return "read timed out"
+    if isinstance(exc, k8s.ApiException):
+        return f"API error {exc.status} {exc.reason}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+class KubeSource:
+    """Every reflector of the proxy, reporting `synced` once all have listed."""
+
+    def __init__(
+        self,
+        api: k8s.ApiClient,
+        handler: ChangeHandler,
+        node_name: str,
+        rejections: Rejections | None = None,
+        timing: Timing | None = None,
+        metrics: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.api = api
+        self.handler = handler
+        self.node_name = node_name
+        self.rejections = rejections or Rejections()
+        self.timing = timing or Timing()
+        self.metrics = metrics
+        self.reflectors: list[Reflector] = []
+
+    async def run(self, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        pending = {r.name for r in resources(self.node_name)}
+
+        def synced(name: str) -> Callable[[], None]:
+            def done() -> None:
+                pending.discard(name)
+                if not pending:
+                    self.handler.synced(SOURCE_NAME)
+
+            return done
+
+        self.reflectors = [
+            Reflector(
+                r,
+                self.api,
+                self.handler,
+                loop,
+                self.rejections,
+                self.timing,
+                synced(r.name),
+                self.metrics,
+            )
+            for r in resources(self.node_name)
+        ]
+        threads = [
+            threading.Thread(target=r.run, name=f"reflector-{r.resource.name}", daemon=True)
+            for r in self.reflectors
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            await stop.wait()
+        finally:
+            for reflector in self.reflectors:
+                reflector.stop()
+            for thread in threads:
+                await asyncio.to_thread(thread.join, 5.0)
