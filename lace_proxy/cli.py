@@ -19,7 +19,10 @@ from lace_proxy.dataplane.nft import Nft, NftError
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
 from lace_proxy.model import Rejections, load_manifests
 from lace_proxy.proxier import Proxier
-from lace_proxy.sources.files import SOURCE_NAME, ManifestSource
+from lace_proxy.sources.files import SOURCE_NAME as FILES
+from lace_proxy.sources.files import ManifestSource
+from lace_proxy.sources.kube import SOURCE_NAME as KUBE
+from lace_proxy.sources.kube import KubeSource, api_client
 from lace_proxy.table import ServiceTable
 
 log = logging.getLogger("lace_proxy")
@@ -47,7 +50,8 @@ def nftables_settings(cfg: ProxyConfig) -> NftablesSettings:
 def _manifests(cfg: ProxyConfig) -> Path:
     if not cfg.lace.manifests:
         raise SystemExit(
-            "lace-proxy: no source: give --manifests DIR (the Kubernetes API source comes later)"
+            "lace-proxy: give --manifests DIR (a folder of Service, EndpointSlice "
+            "and Node manifests)"
         )
     path = Path(cfg.lace.manifests)
     if not path.exists():
@@ -59,25 +63,37 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     if cfg.mode != "nftables":
         raise SystemExit(f"lace-proxy: mode {cfg.mode!r} is not available yet; use nftables")
-    path = _manifests(cfg)
     table = ServiceTable(cfg.hostname_override)
     backend = NftablesBackend(nftables_settings(cfg), Nft(), Conntrack())
     rejections = Rejections()
+    source: ManifestSource | KubeSource
+    if cfg.lace.manifests:
+        name, where = FILES, str(_manifests(cfg))
+    else:
+        name, where = KUBE, args.master or args.kubeconfig or "in-cluster config"
     proxier = Proxier(
         table,
         backend,
-        sources=[SOURCE_NAME],
+        sources=[name],
         min_sync_period=cfg.min_sync_period,
         sync_period=cfg.sync_period,
     )
-    source = ManifestSource(path, proxier, rejections, interval=args.poll_interval)
+    if name == FILES:
+        source = ManifestSource(where, proxier, rejections, interval=args.poll_interval)
+    else:
+        try:
+            api = api_client(args.kubeconfig, args.master)
+        except Exception as exc:  # no in-cluster environment, unreadable kubeconfig
+            raise SystemExit(f"lace-proxy: cannot configure the API client: {exc}") from exc
+        source = KubeSource(api, proxier, cfg.hostname_override, rejections)
     log.info(
-        "lace-proxy %s (%s table) on node %s, mode %s, manifests %s",
+        "lace-proxy %s (%s table) on node %s, mode %s, source %s (%s)",
         __version__,
         implementation(),
         cfg.hostname_override,
         cfg.mode,
-        path,
+        name,
+        where,
     )
 
     async def main() -> None:
@@ -199,9 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser(
         "run",
         help="run the proxy",
-        description="Serve the Services and EndpointSlices of a manifest folder (--manifests), "
-        "keeping this node's nftables table in step as the files change. Runs until "
-        "SIGINT/SIGTERM; the kernel state stays in place after it stops.",
+        description="Serve the Services and EndpointSlices of the Kubernetes API (in-cluster "
+        "config, --kubeconfig or --master), or of a manifest folder (--manifests), keeping "
+        "this node's nftables table in step. Runs until SIGINT/SIGTERM; the kernel state "
+        "stays in place after it stops.",
     )
     add_config_flags(run)
     run.add_argument(
@@ -210,6 +227,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.5,
         metavar="SECONDS",
         help="how often the manifest folder is checked for changes (default 0.5)",
+    )
+    run.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="kubeconfig for the Kubernetes API (without --manifests; default: in-cluster)",
+    )
+    run.add_argument(
+        "--master", metavar="URL", help="the API server's address, overriding the kubeconfig's"
     )
     run.set_defaults(func=cmd_run)
 

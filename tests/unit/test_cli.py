@@ -79,8 +79,9 @@ def test_bad_flag_value_names_the_flag(capsys: pytest.CaptureFixture[str]) -> No
     assert "--sync-period" in capsys.readouterr().err
 
 
-def test_run_without_a_source_says_what_to_give() -> None:
-    with pytest.raises(SystemExit, match="--manifests"):
-        main(["run"])
+def test_run_without_a_reachable_source_says_what_is_wrong(tmp_path: Path) -> None:
+    # No --manifests and no in-cluster environment: the API client cannot be configured.
+    with pytest.raises(SystemExit, match="cannot configure the API client"):
+        main(["run", "--kubeconfig", str(tmp_path / "missing")])
     with pytest.raises(SystemExit, match="no such file or folder"):
         main(["run", "--manifests", "/nonexistent/lace"])
