@@ -71,10 +71,10 @@ class Nft:
         if tx.commands:
             self._run(["-f", "-"], tx.text())
 
-    def list_table(self, family: str, table: str) -> dict[str, Any] | None:
-        """The table as nft's JSON objects, or None when it does not exist."""
+    def list_table(self, family: str, table: str, terse: bool = False) -> dict[str, Any] | None:
+        """The table as nft's JSON objects (without set elements if terse), or None if absent."""
         try:
-            out = self._run(["-j", "list", "table", family, table])
+            out = self._run([*(["-t"] if terse else []), "-j", "list", "table", family, table])
         except NftError as exc:
             if "No such file or directory" in exc.stderr:
                 return None

@@ -462,6 +462,10 @@ class Renderer:
         ]
         return lines
 
+    def base_chains(self) -> set[str]:
+        """The chains base() declares."""
+        return {line.split()[1] for line in self.base() if line.startswith("  chain ")}
+
     def _elements(self, family: int, which: int) -> str:
         mine = self._cidrs(self.s.cluster_cidrs if which == 1 else self.s.node_port_cidrs, family)
         return f"elements = {{ {', '.join(mine)} }}; " if mine else ""
@@ -503,16 +507,13 @@ class NftablesBackend:
         return self.settings.table
 
     def full_sync(self, plans: Iterable[Any]) -> int:
-        """Replace the whole table atomically with these plans; returns the command count.
+        """Replace the table's contents atomically with these plans; returns the command count.
 
-        Used for the first sync and the periodic reconcile: `add table; delete table;
-        table {...}` in one batch, so there is no moment without rules.
+        Used for the first sync and the periodic reconcile. One batch flushes every chain,
+        replaces every map and set, deletes what is no longer wanted and fills in the rest,
+        so there is no moment without rules; the affinity sets keep their elements (the
+        clients' pinned endpoints), as kube-proxy keeps them.
         """
-        tx = Transaction()
-        t = self.settings.table
-        tx.add(f"add table inet {t}")
-        tx.add(f"delete table inet {t}")
-        tx.extend(self.renderer.base())
         merged = Rendered()
         refs: Counter[tuple[str, str]] = Counter()
         for plan in plans:
@@ -524,6 +525,30 @@ class NftablesBackend:
         shared = merged.needs | set(self.renderer.precreated())
         for name in shared:
             merged.chains[name] = self.renderer.shared_chain(name)
+        tx = Transaction()
+        t = self.settings.table
+        existing = self.nft.list_table(self.family, t, terse=True)
+        if existing is not None:
+            chains, containers = _names(existing)
+            tx.extend(f"flush chain inet {t} {name}" for name in sorted(chains))
+            # Maps and sets are made anew (nft must see their definitions in the batch
+            # that adds the rules using them); only the affinity sets stay.
+            tx.extend(
+                f"delete {kind} inet {t} {name}"
+                for name, kind in sorted(containers.items())
+                if not name.startswith("aff-")
+            )
+            base_chains = self.renderer.base_chains()
+            tx.extend(
+                f"delete chain inet {t} {name}"
+                for name in sorted(chains - merged.chains.keys() - base_chains)
+            )
+            tx.extend(
+                f"delete {kind} inet {t} {name}"
+                for name, kind in sorted(containers.items())
+                if name.startswith("aff-") and name not in merged.sets
+            )
+        tx.extend(self.renderer.base())
         self._add_objects(tx, merged)
         self.nft.apply(tx)
         self._refs = refs
@@ -640,6 +665,20 @@ def _chain_order(name: str) -> tuple[int, str]:
     """Endpoint chains first, then policy chains, then the chains that jump to those."""
     rank = {"ep": 0, "svc": 1, "local": 1, "lb": 1, "npc": 1, "ext": 2, "xl": 2, "np": 2}
     return rank.get(name.split("-", 1)[0], 9), name
+
+
+def _names(raw: dict[str, Any]) -> tuple[set[str], dict[str, str]]:
+    """Chain names, and set/map names with their kind, from a terse JSON listing."""
+    chains: set[str] = set()
+    containers: dict[str, str] = {}
+    for item in raw.get("nftables", []):
+        if "chain" in item:
+            chains.add(item["chain"]["name"])
+        elif "map" in item:
+            containers[item["map"]["name"]] = "map"
+        elif "set" in item:
+            containers[item["set"]["name"]] = "set"
+    return chains, containers
 
 
 def _allows_all(ranges: tuple[str, ...]) -> bool:

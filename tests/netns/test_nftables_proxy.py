@@ -150,6 +150,10 @@ def test_client_ip_affinity_pins_a_client(proxy: Harness) -> None:
     assert len(seen) == 1 and next(iter(seen)).startswith("pod"), seen
     # Another client (a pod) gets its own pick, and keeps it too.
     assert len(names(many(tb.pods[0], VIP4, 80, n=15))) == 1
+    # The periodic full resync keeps the remembered choices.
+    for _ in range(3):
+        proxy.sync(full=True)
+        assert names(many(tb.client, VIP4, 80, n=10)).keys() == seen.keys()
 
 
 @FAMILIES
