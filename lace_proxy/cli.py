@@ -17,6 +17,8 @@ from lace_proxy.config import ConfigError, ProxyConfig, add_config_flags, config
 from lace_proxy.dataplane.conntrack import Conntrack
 from lace_proxy.dataplane.nft import Nft, NftError
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.health import ProxierHealth, ProxyServers, ServiceHealthServers
+from lace_proxy.metrics import ProxyMetrics
 from lace_proxy.model import Rejections, load_manifests
 from lace_proxy.proxier import Proxier
 from lace_proxy.sources.files import SOURCE_NAME as FILES
@@ -65,7 +67,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise SystemExit(f"lace-proxy: mode {cfg.mode!r} is not available yet; use nftables")
     table = ServiceTable(cfg.hostname_override)
     backend = NftablesBackend(nftables_settings(cfg), Nft(), Conntrack())
-    rejections = Rejections()
+    metrics = ProxyMetrics(mode=cfg.mode)
+    rejections = Rejections(on_reject=lambda e: metrics.record_rejection(e.kind, e.code))
+    health = ProxierHealth(cfg.sync_period, metrics)
+    service_health = ServiceHealthServers(health, metrics)
+    servers = ProxyServers(
+        health,
+        metrics,
+        healthz_address=cfg.healthz_bind_address,
+        metrics_address=cfg.metrics_bind_address,
+        proxy_mode=cfg.mode,
+    )
     source: ManifestSource | KubeSource
     if cfg.lace.manifests:
         name, where = FILES, str(_manifests(cfg))
@@ -77,6 +89,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         sources=[name],
         min_sync_period=cfg.min_sync_period,
         sync_period=cfg.sync_period,
+        metrics=metrics,
+        health=health,
+        service_health=service_health,
     )
     if name == FILES:
         source = ManifestSource(where, proxier, rejections, interval=args.poll_interval)
@@ -85,7 +100,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             api = api_client(args.kubeconfig, args.master)
         except Exception as exc:  # no in-cluster environment, unreadable kubeconfig
             raise SystemExit(f"lace-proxy: cannot configure the API client: {exc}") from exc
-        source = KubeSource(api, proxier, cfg.hostname_override, rejections)
+        source = KubeSource(
+            api, proxier, cfg.hostname_override, rejections, metrics=metrics.source_event
+        )
     log.info(
         "lace-proxy %s (%s table) on node %s, mode %s, source %s (%s)",
         __version__,
@@ -101,7 +118,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await asyncio.gather(source.run(stop), proxier.run(stop))
+        await servers.start()
+        try:
+            await asyncio.gather(source.run(stop), proxier.run(stop))
+        finally:
+            await service_health.stop()
+            await servers.stop()
 
     import uvloop
 

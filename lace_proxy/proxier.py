@@ -19,6 +19,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from lace_proxy.dataplane.nftables import FullSyncRequired
+from lace_proxy.health import (
+    HealthCheckPorts,
+    ProxierHealth,
+    ServiceHealthServers,
+    is_node_eligible,
+)
+from lace_proxy.metrics import ProxyMetrics
 from lace_proxy.model import EndpointSlice, Node, Service
 from lace_proxy.table import Changeset, ServiceTable
 
@@ -55,12 +62,20 @@ class Proxier:
         sources: Iterable[str],
         min_sync_period: float = 1.0,
         sync_period: float = 30.0,
+        metrics: ProxyMetrics | None = None,
+        health: ProxierHealth | None = None,
+        service_health: ServiceHealthServers | None = None,
     ) -> None:
         self.table = table
         self.dataplane = dataplane
         self.min_sync_period = min_sync_period
         self.sync_period = sync_period
         self.stats = SyncStats()
+        self.metrics = metrics or ProxyMetrics()
+        self.health = health or ProxierHealth(sync_period, self.metrics)
+        self.service_health = service_health
+        self._hc_ports = HealthCheckPorts()
+        self.metrics.watch_table(table)
         self._waiting_for = set(sources)
         self._wake = asyncio.Event()
         self._need_full = True
@@ -68,31 +83,44 @@ class Proxier:
 
     # -- change tracker (called by sources, on the loop) --
 
+    def _queued(self) -> None:
+        self.metrics.record_queued()
+        self.health.queued()
+        self._wake.set()
+
     def service_upserted(self, svc: Service) -> None:
         self.table.upsert_service(svc)
-        self._wake.set()
+        self.metrics.record_change("service", svc.key)
+        self._queued()
 
     def service_deleted(self, key: str) -> None:
         self.table.delete_service(key)
-        self._wake.set()
+        self.metrics.record_change("service", key)
+        self._queued()
 
     def slice_upserted(self, sl: EndpointSlice) -> None:
         self.table.upsert_slice(sl)
-        self._wake.set()
+        self.metrics.record_change(
+            "endpoints", sl.key, trigger_time=sl.trigger_time, family=sl.address_type
+        )
+        self._queued()
 
     def slice_deleted(self, key: str) -> None:
         self.table.delete_slice(key)
-        self._wake.set()
+        self.metrics.record_change("endpoints", key)
+        self._queued()
 
     def node_upserted(self, node: Node) -> None:
         if node.name == self.table.node_name:
             self.table.set_node(node.name, node.zone)
-            self._wake.set()
+            self.health.node_eligible(is_node_eligible(node.deleting))
+            self._queued()
 
     def node_deleted(self, name: str) -> None:
         if name == self.table.node_name:
             self.table.set_node(name, None)
-            self._wake.set()
+            self.health.node_eligible(False)
+            self._queued()
 
     def synced(self, source: str) -> None:
         self._waiting_for.discard(source)
@@ -108,6 +136,8 @@ class Proxier:
     async def run(self, stop: asyncio.Event) -> None:
         """Sync until `stop` is set."""
         last = float("-inf")
+        self.health.updated()  # as kube-proxy: the loop starting counts as an update
+        self.metrics.record_queued()
         stopper = asyncio.ensure_future(stop.wait())
         try:
             while not stop.is_set():
@@ -120,6 +150,7 @@ class Proxier:
                 if stop.is_set():
                     break
                 if not self.ready:
+                    self.health.updated()  # kube-proxy: an uninitialized sync succeeds
                     self._wake.clear()
                     continue
                 # Coalesce: never sync more often than min_sync_period.
@@ -172,10 +203,19 @@ class Proxier:
             self._need_full = True
             self.stats.failures += 1
             self.stats.last_error = str(exc)
+            self.metrics.record_sync(time.monotonic() - start, full=full, ok=False)
             log.error("sync failed (%s); retrying with a full sync", exc)
             return False
         self.stats.syncs += 1
         self.stats.last_sync_seconds = time.monotonic() - start
+        self.metrics.record_sync(self.stats.last_sync_seconds, full=full, ok=True)
+        self.health.updated()
+        if self.service_health is not None:
+            if full:
+                self._hc_ports.replace(plans)
+            else:
+                self._hc_ports.apply(changes)
+            await self.service_health.sync(self._hc_ports.mapping())
         self.stats.last_sync_time = time.time()
         self.stats.last_error = None
         if count:

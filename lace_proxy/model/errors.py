@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 _log = logging.getLogger("lace_proxy.model")
@@ -76,13 +77,16 @@ class Rejections:
     dict keyed by `ValidationError.code`, to be exported as a metric.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_reject: Callable[[ValidationError], None] | None = None) -> None:
         self.counts: dict[str, int] = {}
         self._logged: dict[tuple[str, str], set[tuple[str, str]]] = {}
+        self._on_reject = on_reject  # e.g. the metrics' counter of rejected objects
 
     def record(self, error: ValidationError) -> bool:
         """Count `error`; log it unless already logged. Returns whether it was logged."""
         self.counts[error.code] = self.counts.get(error.code, 0) + 1
+        if self._on_reject is not None:
+            self._on_reject(error)
         problems = self._logged.setdefault((error.kind, error.object), set())
         problem = (error.field, error.reason)
         if problem in problems:

@@ -24,15 +24,15 @@ HTTP_PORT = 8000  # the pods' HTTP servers (the example manifests target it)
 NODE_NAME = "sandbox-node"  # the example folder's Node and endpoints use this name
 
 
-def http_get(client: Host, ip: str, port: int, timeout: float = 2.0) -> str:
-    """One HTTP/1.0 GET from the client's namespace; the body, or what went wrong."""
+def http_get(client: Host, ip: str, port: int, timeout: float = 2.0, path: str = "/") -> str:
+    """One HTTP/1.0 GET from a host's namespace; the body, or what went wrong."""
     family = socket.AF_INET6 if ":" in ip else socket.AF_INET
     sock = client.ns.socket(family, socket.SOCK_STREAM)
     try:
         sock.settimeout(timeout)
         sock.connect((ip, port))
         host = f"[{ip}]" if ":" in ip else ip
-        sock.sendall(f"GET / HTTP/1.0\r\nHost: {host}:{port}\r\n\r\n".encode())
+        sock.sendall(f"GET {path} HTTP/1.0\r\nHost: {host}:{port}\r\n\r\n".encode())
         data = b""
         while chunk := sock.recv(4096):
             data += chunk

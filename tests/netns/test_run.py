@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lace_proxy.sandbox.demo import run_demo
+from lace_proxy.sandbox.demo import http_get, run_demo
 from lace_proxy.sandbox.testbed import POD_CIDR4, Result, Testbed, request_tcp
 
 from .proxykit import NODE, endpoints, names, service
@@ -108,6 +109,22 @@ def test_stop_keeps_rules_and_cleanup_removes_them(running: tuple[Testbed, Path]
     assert answers(tb, 3) == {"escaped"}
     again = subprocess.run(lace_proxy(tb, "cleanup"), capture_output=True, text=True, check=True)
     assert "not present" in again.stdout
+
+
+def test_run_serves_health_and_metrics(running: tuple[Testbed, Path]) -> None:
+    tb, folder = running
+    write(folder, service("web", [VIP4]), endpoints("web", tb.pods))
+    wait_for(lambda: answers(tb) == {"pod1", "pod2", "pod3"})
+    # /healthz on 0.0.0.0:10256, reachable from the client over the node's address.
+    health = http_get(tb.client, tb.node.ipv4, 10256, path="/healthz")
+    assert json.loads(health)["lastUpdated"], health
+    assert http_get(tb.client, tb.node.ipv4, 10256, path="/livez").startswith("{")
+    # /metrics and /proxyMode on 127.0.0.1:10249, inside the node only.
+    metrics = http_get(tb.node, "127.0.0.1", 10249, path="/metrics")
+    assert "kubeproxy_sync_proxy_rules_last_timestamp_seconds" in metrics
+    assert "lace_proxy_table_services" in metrics
+    assert http_get(tb.node, "127.0.0.1", 10249, path="/proxyMode") == "nftables"
+    assert http_get(tb.client, tb.node.ipv4, 10249, path="/metrics").startswith("error")
 
 
 def test_sandbox_demo_shows_different_pods(capsys: pytest.CaptureFixture[str]) -> None:
