@@ -101,7 +101,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         except Exception as exc:  # no in-cluster environment, unreadable kubeconfig
             raise SystemExit(f"lace-proxy: cannot configure the API client: {exc}") from exc
         source = KubeSource(
-            api, proxier, cfg.hostname_override, rejections, metrics=metrics.source_event
+            api,
+            proxier,
+            cfg.hostname_override,
+            rejections,
+            metrics=metrics.source_event,
+            on_contact=health.source_contact,
         )
     log.info(
         "lace-proxy %s (%s table) on node %s, mode %s, source %s (%s)",

@@ -93,6 +93,7 @@ class ProxierHealth:
         self._last_updated: float | None = None
         self._oldest_queued: float | None = None
         self._node_eligible = True
+        self._sources_lost: dict[str, float] = {}  # resource -> when contact was lost
 
     def queued(self) -> None:
         """A change that needs a sync arrived; the oldest unprogrammed one sets the deadline."""
@@ -104,6 +105,17 @@ class ProxierHealth:
         self._oldest_queued = None
         self._last_updated = self._clock()
 
+    def source_contact(self, resource: str, ok: bool) -> None:
+        """The API source lost (or regained) contact for a resource.
+
+        The kernel keeps serving what it has, but a proxy that cannot see changes for
+        longer than the health timeout is reported unhealthy, so operators notice.
+        """
+        if ok:
+            self._sources_lost.pop(resource, None)
+        else:
+            self._sources_lost.setdefault(resource, self._clock())
+
     def node_eligible(self, eligible: bool) -> None:
         """Whether this node should receive load-balancer traffic (see `is_node_eligible`)."""
         self._node_eligible = eligible
@@ -113,6 +125,8 @@ class ProxierHealth:
         return self._healthy(self._clock())
 
     def _healthy(self, now: float) -> bool:
+        if any(now - lost >= self.timeout for lost in self._sources_lost.values()):
+            return False
         return (
             self._last_updated is None
             or self._oldest_queued is None

@@ -142,6 +142,7 @@ class Reflector:
         timing: Timing,
         on_synced: Callable[[], None],
         metrics: Callable[[str, str], None] | None = None,
+        on_contact: Callable[[str, bool], None] | None = None,
     ) -> None:
         self.resource = resource
         self.api = api
@@ -151,6 +152,8 @@ class Reflector:
         self.timing = timing
         self.on_synced = on_synced
         self.metrics = metrics or (lambda event, resource: None)
+        self.on_contact = on_contact
+        self._in_contact: bool | None = None
         self.delivered: dict[str, Any] = {}  # key -> last good model object
         self.resource_version: str | None = None
         self.relists = 0
@@ -179,9 +182,10 @@ class Reflector:
                 self.resource_version = None
                 self.relists += 1
                 self.metrics("relist", self.resource.name)
-            except Exception as exc:
+            except Exception as exc:  # any failure: back off and retry
                 if self._stop.is_set():
                     return
+                self._contact(False)
                 self.watch_restarts += 1
                 self.metrics("watch_restart", self.resource.name)
                 log.warning("%s: %s; retrying in %.1fs", self.resource.name, _describe(exc), delay)
@@ -225,6 +229,7 @@ class Reflector:
             data = response.response.data
             response.response.release_conn()
             raise k8s.ApiException(status=response.status, reason=response.reason, body=data)
+        self._contact(True)
         return response.response  # the urllib3 response, not yet read: streamable
 
     def _list(self) -> None:
@@ -307,6 +312,13 @@ class Reflector:
         if self.delivered.pop(key, None) is not None:
             getattr(self.handler, self.resource.delete)(key)
 
+    def _contact(self, ok: bool) -> None:
+        """Report a change in whether the API answers (for health)."""
+        if ok != self._in_contact:
+            self._in_contact = ok
+            if self.on_contact is not None:
+                self._call(self.on_contact, self.resource.name, ok)
+
     def _parse(self, raw: dict[str, Any]) -> Any:
         try:
             return self.resource.parse(raw)
@@ -350,6 +362,7 @@ class KubeSource:
         rejections: Rejections | None = None,
         timing: Timing | None = None,
         metrics: Callable[[str, str], None] | None = None,
+        on_contact: Callable[[str, bool], None] | None = None,
     ) -> None:
         self.api = api
         self.handler = handler
@@ -357,6 +370,7 @@ class KubeSource:
         self.rejections = rejections or Rejections()
         self.timing = timing or Timing()
         self.metrics = metrics
+        self.on_contact = on_contact
         self.reflectors: list[Reflector] = []
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -381,6 +395,7 @@ class KubeSource:
                 self.timing,
                 synced(r.name),
                 self.metrics,
+                self.on_contact,
             )
             for r in resources(self.node_name)
         ]
