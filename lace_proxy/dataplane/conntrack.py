@@ -15,7 +15,7 @@ import subprocess
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from lace_proxy.dataplane.nft import NETNS_NAME
+from lace_proxy.dataplane.nft import netns_prefix
 from lace_proxy.table import Changeset
 
 log = logging.getLogger(__name__)
@@ -81,9 +81,7 @@ class Conntrack:
     """Deletes conntrack entries, in this network namespace or a named one."""
 
     def __init__(self, netns: str | None = None, binary: str = "conntrack") -> None:
-        if netns is not None and not NETNS_NAME.match(netns):
-            raise ValueError(f"invalid network namespace name {netns!r}")
-        self._prefix = ["ip", "netns", "exec", netns] if netns else []
+        self._prefix = netns_prefix(netns)
         self._binary = binary
 
     def delete_udp(self, filters: Iterable[Filter]) -> int:

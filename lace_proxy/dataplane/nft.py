@@ -18,6 +18,15 @@ from typing import Any
 NETNS_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
+def netns_prefix(netns: str | None) -> list[str]:
+    """argv prefix that runs a command in a named network namespace (validated), or nothing."""
+    if netns is None:
+        return []
+    if not NETNS_NAME.match(netns):
+        raise ValueError(f"invalid network namespace name {netns!r}")
+    return ["ip", "netns", "exec", netns]
+
+
 class NftError(RuntimeError):
     """The kernel (or nft) refused a transaction; nothing of it was applied."""
 
@@ -49,9 +58,7 @@ class Nft:
     """Runs nft, in the current network namespace or in a named one (for tests and sandboxes)."""
 
     def __init__(self, netns: str | None = None, binary: str = "nft") -> None:
-        if netns is not None and not NETNS_NAME.match(netns):
-            raise ValueError(f"invalid network namespace name {netns!r}")
-        self._prefix = ["ip", "netns", "exec", netns] if netns else []
+        self._prefix = netns_prefix(netns)
         self._binary = binary
 
     def _run(self, args: list[str], stdin: str | None = None) -> str:

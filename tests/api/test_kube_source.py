@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -12,7 +11,7 @@ import pytest
 from lace_proxy.sandbox.apiserver import ApiServer
 from lace_proxy.sources.kube import PROXY_SELECTOR, SOURCE_NAME, KubeSource, Timing, api_client
 
-from ..recording import Recorder
+from ..helpers import Recorder, api_service, api_slice, eventually
 
 FAST = Timing(
     connect_timeout=1.0,
@@ -21,30 +20,6 @@ FAST = Timing(
     backoff_initial=0.05,
     backoff_max=0.3,
 )
-
-
-def service(name: str, port: int = 80, **labels: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name, "namespace": "default", "labels": labels},
-        "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": port}]},
-    }
-
-
-def endpoint_slice(name: str, svc: str, ip: str = "10.0.0.1") -> dict[str, Any]:
-    return {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {
-            "name": name,
-            "namespace": "default",
-            "labels": {"kubernetes.io/service-name": svc},
-        },
-        "addressType": "IPv4",
-        "ports": [{"port": 8080}],
-        "endpoints": [{"addresses": [ip]}],
-    }
 
 
 def node(name: str, zone: str = "a") -> dict[str, Any]:
@@ -92,18 +67,6 @@ def run(api: ApiServer, scenario: Callable[[Running], Any]) -> None:
     asyncio.run(main())
 
 
-async def eventually(check: Callable[[], Any], timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        result = check()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return
-        assert asyncio.get_running_loop().time() < deadline, "not reached in time"
-        await asyncio.sleep(0.02)
-
-
 async def settle(r: Running, seconds: float = 0.4) -> list[tuple[str, str]]:
     """Let events arrive, then take them."""
     await asyncio.sleep(seconds)
@@ -111,8 +74,8 @@ async def settle(r: Running, seconds: float = 0.4) -> list[tuple[str, str]]:
 
 
 def test_initial_list_then_changes(api: ApiServer) -> None:
-    api.apply(service("web"))
-    api.apply(endpoint_slice("web-1", "web"))
+    api.apply(api_service("web"))
+    api.apply(api_slice("web-1", "web"))
     api.apply(node("node-a"))
     api.apply(node("node-b"))  # not ours: never delivered
 
@@ -125,8 +88,8 @@ def test_initial_list_then_changes(api: ApiServer) -> None:
             ("service+", "default/web"),
             ("slice+", "default/web-1"),
         ]
-        api.apply(service("web", port=81))
-        api.apply(endpoint_slice("web-2", "web", "10.0.0.2"))
+        api.apply(api_service("web", port=81))
+        api.apply(api_slice("web-2", "web", "10.0.0.2"))
         api.delete("EndpointSlice", "default", "web-1")
         await eventually(lambda: len(r.recorder.events) >= 3)
         assert sorted(await settle(r)) == [
@@ -143,8 +106,8 @@ def test_changes_arrive_in_order_and_deletes_are_delivered(api: ApiServer) -> No
     async def scenario(r: Running) -> None:
         await eventually(lambda: ("synced", SOURCE_NAME) in r.recorder.events)
         r.take()
-        api.apply(service("a"))
-        api.apply(service("b"))
+        api.apply(api_service("a"))
+        api.apply(api_service("b"))
         api.delete("Service", "default", "a")
         await eventually(lambda: len(r.recorder.events) == 3)
         assert r.take() == [
@@ -157,9 +120,9 @@ def test_changes_arrive_in_order_and_deletes_are_delivered(api: ApiServer) -> No
 
 
 def test_other_proxies_and_headless_services_are_filtered_by_the_server(api: ApiServer) -> None:
-    api.apply(service("mine"))
-    api.apply(service("theirs", **{"service.kubernetes.io/service-proxy-name": "other"}))
-    api.apply(service("headless", **{"service.kubernetes.io/headless": ""}))
+    api.apply(api_service("mine"))
+    api.apply(api_service("theirs", **{"service.kubernetes.io/service-proxy-name": "other"}))
+    api.apply(api_service("headless", **{"service.kubernetes.io/headless": ""}))
 
     async def scenario(r: Running) -> None:
         await eventually(lambda: ("synced", SOURCE_NAME) in r.recorder.events)
@@ -175,7 +138,7 @@ def test_other_proxies_and_headless_services_are_filtered_by_the_server(api: Api
 def test_a_dropped_watch_resumes_from_the_last_version_without_relisting(
     api: ApiServer,
 ) -> None:
-    api.apply(service("web"))
+    api.apply(api_service("web"))
 
     async def scenario(r: Running) -> None:
         await eventually(lambda: ("synced", SOURCE_NAME) in r.recorder.events)
@@ -183,7 +146,7 @@ def test_a_dropped_watch_resumes_from_the_last_version_without_relisting(
         await asyncio.to_thread(api.wait_for_watches, 3)
         lists_before = _lists(api)
         api.drop_watches()
-        api.apply(service("web", port=82))  # changed while disconnected
+        api.apply(api_service("web", port=82))  # changed while disconnected
         await eventually(lambda: r.recorder.events == [("service+", "default/web")])
         r.take()
         assert _lists(api) == lists_before  # resumed by watching, not by listing again
@@ -193,7 +156,7 @@ def test_a_dropped_watch_resumes_from_the_last_version_without_relisting(
 
 
 def test_bookmarks_move_the_resume_point(api: ApiServer) -> None:
-    api.apply(service("web"))
+    api.apply(api_service("web"))
 
     async def scenario(r: Running) -> None:
         await eventually(lambda: ("synced", SOURCE_NAME) in r.recorder.events)
@@ -206,9 +169,9 @@ def test_bookmarks_move_the_resume_point(api: ApiServer) -> None:
 
 
 def test_410_gone_relists_and_delivers_only_the_difference(api: ApiServer) -> None:
-    api.apply(service("keep"))
-    api.apply(service("gone"))
-    api.apply(service("changed"))
+    api.apply(api_service("keep"))
+    api.apply(api_service("gone"))
+    api.apply(api_service("changed"))
 
     async def scenario(r: Running) -> None:
         await eventually(lambda: ("synced", SOURCE_NAME) in r.recorder.events)
@@ -217,8 +180,8 @@ def test_410_gone_relists_and_delivers_only_the_difference(api: ApiServer) -> No
         lists_before = _lists(api)
         api.unavailable(True, refuse=True)  # changes happen while we cannot watch
         api.delete("Service", "default", "gone")
-        api.apply(service("changed", port=90))
-        api.apply(service("new"))
+        api.apply(api_service("changed", port=90))
+        api.apply(api_service("new"))
         api.expire_history()
         api.unavailable(False)
         await eventually(lambda: len(r.recorder.events) >= 3, timeout=8)
@@ -238,7 +201,7 @@ def test_410_gone_relists_and_delivers_only_the_difference(api: ApiServer) -> No
 
 
 def test_an_unreachable_api_delivers_nothing_then_converges(api: ApiServer) -> None:
-    api.apply(service("web"))
+    api.apply(api_service("web"))
 
     async def scenario(r: Running) -> None:
         await eventually(lambda: ("synced", SOURCE_NAME) in r.recorder.events)
@@ -248,7 +211,7 @@ def test_an_unreachable_api_delivers_nothing_then_converges(api: ApiServer) -> N
         await asyncio.sleep(0.5)
         assert r.take() == []
         api.unavailable(False)
-        api.apply(service("web", port=85))
+        api.apply(api_service("web", port=85))
         await eventually(lambda: r.recorder.objects["default/web"].ports[0].port == 85, 8)
         reflector = next(x for x in r.source.reflectors if x.resource.name == "services")
         assert reflector.watch_restarts >= 1
@@ -257,7 +220,7 @@ def test_an_unreachable_api_delivers_nothing_then_converges(api: ApiServer) -> N
 
 
 def test_a_stalled_api_is_noticed_by_the_read_timeout(api: ApiServer) -> None:
-    api.apply(service("web"))
+    api.apply(api_service("web"))
 
     async def scenario(r: Running) -> None:
         await eventually(lambda: ("synced", SOURCE_NAME) in r.recorder.events)
@@ -266,7 +229,7 @@ def test_a_stalled_api_is_noticed_by_the_read_timeout(api: ApiServer) -> None:
         reflector = next(x for x in r.source.reflectors if x.resource.name == "services")
         assert reflector.watch_restarts >= 1
         api.stall(0)
-        api.apply(service("web", port=86))
+        api.apply(api_service("web", port=86))
         await eventually(lambda: r.recorder.objects["default/web"].ports[0].port == 86, 8)
 
     run(api, scenario)
@@ -274,27 +237,27 @@ def test_a_stalled_api_is_noticed_by_the_read_timeout(api: ApiServer) -> None:
 
 def test_a_slow_api_still_works(api: ApiServer) -> None:
     api.latency(0.3)
-    api.apply(service("web"))
+    api.apply(api_service("web"))
 
     async def scenario(r: Running) -> None:
         await eventually(lambda: ("synced", SOURCE_NAME) in r.recorder.events, timeout=8)
-        api.apply(service("web", port=87))
+        api.apply(api_service("web", port=87))
         await eventually(lambda: r.recorder.objects["default/web"].ports[0].port == 87, 8)
 
     run(api, scenario)
 
 
 def test_an_invalid_update_keeps_the_last_good_version(api: ApiServer) -> None:
-    api.apply(service("web"))
+    api.apply(api_service("web"))
 
     async def scenario(r: Running) -> None:
         await eventually(lambda: ("synced", SOURCE_NAME) in r.recorder.events)
         r.take()
-        api.apply(service("web", port=70000))
+        api.apply(api_service("web", port=70000))
         await eventually(lambda: r.source.rejections.counts.get("invalid_port") == 1)
         assert r.take() == []
         assert r.recorder.objects["default/web"].ports[0].port == 80
-        api.apply(service("web", port=88))
+        api.apply(api_service("web", port=88))
         await eventually(lambda: r.recorder.objects["default/web"].ports[0].port == 88)
 
     run(api, scenario)

@@ -18,9 +18,9 @@ from lace_proxy.sandbox.testbed import POD_CIDR4, Testbed, request_tcp
 from lace_proxy.sources.kube import SOURCE_NAME, KubeSource, Timing, api_client
 from lace_proxy.table import ServiceTable
 
+from ..helpers import eventually
 from .proxykit import NODE, endpoints, names, service
 from .test_nftables_proxy import VIP4
-from .test_proxier import eventually
 
 pytestmark = pytest.mark.netns
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from lace_proxy.proxier import Proxier
 from lace_proxy.sandbox.testbed import Testbed, request_tcp
 from lace_proxy.table import ServiceTable
 
+from ..helpers import eventually
 from .proxykit import NODE, endpoints, names, service
 from .test_nftables_proxy import VIP4
 
@@ -54,19 +54,6 @@ async def answers(tb: Testbed, n: int = 20) -> set[str]:
         return set(names([request_tcp(tb.client, VIP4, 80, timeout=0.5) for _ in range(n)]))
 
     return await asyncio.to_thread(go)
-
-
-async def eventually(check: Callable[[], Any], timeout: float = 10) -> None:
-    """Wait until check() (a bool, or a coroutine giving one) holds."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        result = check()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return
-        assert asyncio.get_running_loop().time() < deadline, "not reached in time"
-        await asyncio.sleep(0.05)
 
 
 def web(tb: Testbed, proxier: Proxier, pods: int = 3) -> None:

@@ -12,31 +12,7 @@ import yaml
 
 from lace_proxy.sources.files import SOURCE_NAME, ManifestSource
 
-from ..recording import Recorder
-
-
-def svc(name: str, port: int = 80) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": port}]},
-    }
-
-
-def eps(name: str, service: str, ip: str = "10.0.0.1") -> dict[str, Any]:
-    return {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {
-            "name": name,
-            "namespace": "default",
-            "labels": {"kubernetes.io/service-name": service},
-        },
-        "addressType": "IPv4",
-        "ports": [{"port": 8080}],
-        "endpoints": [{"addresses": [ip]}],
-    }
+from ..helpers import Recorder, api_service, api_slice
 
 
 def put(folder: Path, name: str, *docs: dict[str, Any]) -> None:
@@ -53,8 +29,8 @@ def folder(tmp_path: Path) -> Path:
 
 
 def test_delivers_the_folder_then_only_changes(folder: Path) -> None:
-    put(folder, "a.yaml", svc("a"), eps("a-1", "a"))
-    put(folder, "b.yml", svc("b"))
+    put(folder, "a.yaml", api_service("a"), api_slice("a-1", "a"))
+    put(folder, "b.yml", api_service("b"))
     (folder / "notes.txt").write_text("not a manifest")
     rec = Recorder()
     source = ManifestSource(folder, rec)
@@ -65,7 +41,7 @@ def test_delivers_the_folder_then_only_changes(folder: Path) -> None:
         ("slice+", "default/a-1"),
     ]
     assert not source.poll()  # unchanged folder: nothing
-    put(folder, "a.yaml", svc("a"), eps("a-1", "a", ip="10.0.0.2"))
+    put(folder, "a.yaml", api_service("a"), api_slice("a-1", "a", ip="10.0.0.2"))
     assert source.poll()
     assert rec.take() == [("slice+", "default/a-1")]  # the service is unchanged
     (folder / "b.yml").unlink()
@@ -74,23 +50,23 @@ def test_delivers_the_folder_then_only_changes(folder: Path) -> None:
 
 
 def test_an_invalid_object_keeps_its_last_good_version(folder: Path) -> None:
-    put(folder, "a.yaml", svc("a"))
+    put(folder, "a.yaml", api_service("a"))
     rec = Recorder()
     source = ManifestSource(folder, rec)
     source.poll()
     rec.take()
-    put(folder, "a.yaml", svc("a", port=70000), svc("c"))
+    put(folder, "a.yaml", api_service("a", port=70000), api_service("c"))
     source.poll()
     assert rec.take() == [("service+", "default/c")]  # no delete of a
     assert source.rejections.counts == {"invalid_port": 1}
-    put(folder, "a.yaml", svc("a", port=81), svc("c"))
+    put(folder, "a.yaml", api_service("a", port=81), api_service("c"))
     source.poll()
     assert rec.take() == [("service+", "default/a")]
     assert rec.objects["default/a"].ports[0].port == 81
 
 
 def test_an_unparsable_file_keeps_all_its_objects(folder: Path) -> None:
-    put(folder, "a.yaml", svc("a"), eps("a-1", "a"))
+    put(folder, "a.yaml", api_service("a"), api_slice("a-1", "a"))
     rec = Recorder()
     source = ManifestSource(folder, rec)
     source.poll()
@@ -115,7 +91,7 @@ def test_a_missing_folder_is_not_synced_until_it_appears(folder: Path) -> None:
         await asyncio.sleep(0.2)
         before = rec.take()
         path.mkdir()
-        put(path, "a.yaml", svc("a"))
+        put(path, "a.yaml", api_service("a"))
         await asyncio.sleep(0.3)
         stop.set()
         await task

@@ -1,0 +1,84 @@
+"""Shared test helpers: a recording change handler, API object builders, waiting."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from lace_proxy.model import EndpointSlice, Node, Service
+
+
+class Recorder:
+    """A change handler that records what it was told, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+        self.objects: dict[str, Any] = {}
+
+    def service_upserted(self, svc: Service) -> None:
+        self.events.append(("service+", svc.key))
+        self.objects[svc.key] = svc
+
+    def service_deleted(self, key: str) -> None:
+        self.events.append(("service-", key))
+
+    def slice_upserted(self, sl: EndpointSlice) -> None:
+        self.events.append(("slice+", sl.key))
+        self.objects[sl.key] = sl
+
+    def slice_deleted(self, key: str) -> None:
+        self.events.append(("slice-", key))
+
+    def node_upserted(self, node: Node) -> None:
+        self.events.append(("node+", node.name))
+
+    def node_deleted(self, name: str) -> None:
+        self.events.append(("node-", name))
+
+    def synced(self, source: str) -> None:
+        self.events.append(("synced", source))
+
+    def take(self) -> list[tuple[str, str]]:
+        events, self.events = self.events, []
+        return events
+
+
+def api_service(name: str, port: int = 80, **labels: str) -> dict[str, Any]:
+    """A minimal v1 Service as the API serves it (ClusterIP 10.96.0.10)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": "default", "labels": labels},
+        "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": port}]},
+    }
+
+
+def api_slice(name: str, service: str, ip: str = "10.0.0.1") -> dict[str, Any]:
+    """A minimal EndpointSlice of one endpoint on port 8080."""
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "labels": {"kubernetes.io/service-name": service},
+        },
+        "addressType": "IPv4",
+        "ports": [{"port": 8080}],
+        "endpoints": [{"addresses": [ip]}],
+    }
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 10.0) -> None:
+    """Wait until check() (a bool, or a coroutine giving one) holds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        result = check()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        assert asyncio.get_running_loop().time() < deadline, "not reached in time"
+        await asyncio.sleep(0.02)
