@@ -44,12 +44,19 @@ from lace_proxy.dataplane.nft import Nft, Transaction
 from lace_proxy.table import Changeset
 
 #: Shared chain kinds: lb (DNAT by endpoint count), ext (masquerade, then lb), npc (NodePort
-#: DNAT), np (masquerade, then npc), xl / npl (externalTrafficPolicy Local, by local count).
-SHARED_KINDS = ("lb", "ext", "npc", "np", "xl", "npl")
+#: DNAT), np (masquerade, then npc), xl / npl (externalTrafficPolicy Local, by local count);
+#: alb / aext / anp: the same with ClientIP affinity; arec-vF-T records affinity (T seconds).
+SHARED_KINDS = ("lb", "ext", "npc", "np", "xl", "npl", "alb", "aext", "anp")
+#: Shared chains that look up a data map declared with `typeof` (see PRECREATED_COUNTS).
+FULL_SYNC_ONLY = ("lb", "npc", "xl", "npl")
 #: Counts 1..this get their shared chains in every full sync. nft (1.0.6) cannot add a rule
 #: that looks up a data map read back from the kernel, so a chain for a new count can only
 #: be made together with the maps, in a full sync.
 PRECREATED_COUNTS = 16
+#: Entries of the ClientIP affinity maps: (client, service port's id) -> endpoint.
+AFFINITY_SIZE = 1 << 20
+#: Dynamic state a full sync keeps: clients' remembered endpoints.
+KEPT = ("affinity-v4", "affinity-v6")
 SAFE_COMMENT = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
 TABLE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
 FAMILIES = (4, 6)
@@ -112,11 +119,51 @@ class Rendered:
         self.elements.setdefault(container, set()).add(value)
 
 
+class AffinityIds:
+    """Unique 32-bit ids (conntrack marks) for service ports with ClientIP affinity.
+
+    A client's remembered endpoint is keyed by (client, id), so two live service ports must
+    never share an id. An id starts as a hash of the plan id and probes on collision; it
+    stays with its plan until the plan is released.
+    """
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+        self._owners: dict[int, str] = {}
+
+    def assign(self, plan_id: str) -> None:
+        if plan_id in self._ids:
+            return
+        value = int.from_bytes(hashlib.blake2b(plan_id.encode(), digest_size=4).digest(), "big")
+        value = value or 1
+        while value in self._owners:
+            value = value % 0xFFFFFFFF + 1  # never 0: that is "no affinity"
+        self._ids[plan_id] = value
+        self._owners[value] = plan_id
+
+    def release(self, plan_id: str) -> None:
+        value = self._ids.pop(plan_id, None)
+        if value is not None:
+            del self._owners[value]
+
+    def get(self, plan_id: str) -> str:
+        return f"{self._ids[plan_id]:#010x}"
+
+    def keep_only(self, plan_ids: set[str]) -> None:
+        for plan_id in set(self._ids) - plan_ids:
+            self.release(plan_id)
+
+
+def _needs_id(plan: Any) -> bool:
+    return bool(plan.affinity_timeout) and plan.family == 4 and not plan.external_local
+
+
 class Renderer:
     """Turns a plan into nf_tables objects, deterministically."""
 
     def __init__(self, settings: NftablesSettings) -> None:
         self.s = settings
+        self.affinity_ids = AffinityIds()
         self._has_cluster_cidrs = {
             f: bool(self._cidrs(settings.cluster_cidrs, f)) for f in FAMILIES
         }
@@ -128,7 +175,9 @@ class Renderer:
         out.shared.add((f"cluster-ips-{v}", plan.cluster_ip))
         for b in (*plan.cluster_backends, *plan.local_backends):
             out.shared.add((f"hairpin-{v}", f"{b.ip} . {b.ip}"))
-        if plan.affinity_timeout:
+        if plan.affinity_timeout and (plan.external_local or fam == 6):
+            # Per-endpoint state, as kube-proxy: affinity under externalTrafficPolicy Local
+            # (rare), and IPv6 affinity (nft 1.0.6 cannot record an IPv6 address . port).
             self._render_chained(plan, out)
         else:
             self._render_data(plan, out)
@@ -152,12 +201,25 @@ class Renderer:
             for i, b in enumerate(backends):
                 out.element(container, f"{prefix} . {i} : {b.ip} . {b.port}")
 
+        # ClientIP affinity: the "a" chains mark the connection with the plan's affinity id
+        # and DNAT to the endpoint remembered for (client, frontend, id) if there is one;
+        # postrouting records the endpoint chosen (see base()).
+        affinity = plan.affinity_timeout
+        a = "a" if affinity else ""
+        aid = self.affinity_ids.get(plan.id) if affinity else ""
+        if affinity:
+            out.element(f"affinity-record-{v}", f"{aid} : goto arec-{v}-{affinity}")
+            out.needs.add(f"arec-{v}-{affinity}")
+
         internal = local if plan.internal_local else cluster
         cluster_key = f"{plan.cluster_ip} . {key}"
         if plan.internal_verdict is None and internal:
-            out.element(f"service-ips-{v}", f"{cluster_key} : goto lb-{v}-{len(internal)}")
-            out.needs.add(f"lb-{v}-{len(internal)}")
+            count = len(internal)
+            out.element(f"service-ips-{v}", f"{cluster_key} : goto {a}lb-{v}-{count}")
+            out.needs.update({f"{a}lb-{v}-{count}", f"lb-{v}-{count}"})
             endpoints(f"endpoints-{v}", cluster_key, internal)
+            if affinity:
+                out.element(f"affinity-ids-{v}", f"{cluster_key} : {aid}")
         else:
             out.element(f"no-endpoint-services-{v}", f"{cluster_key} : {self._verdict(plan)}")
 
@@ -173,8 +235,8 @@ class Renderer:
                 out.element(f"no-endpoint-nodeports-{v}", f"{np_key} : {verdict}")
             return
         n, m = len(cluster), len(local)
-        ext = f"xl-{v}-{m}" if plan.external_local else f"ext-{v}-{n}"
-        np = f"npl-{v}-{m}" if plan.external_local else f"np-{v}-{n}"
+        ext = f"xl-{v}-{m}" if plan.external_local else f"{a}ext-{v}-{n}"
+        np = f"npl-{v}-{m}" if plan.external_local else f"{a}np-{v}-{n}"
         for address in external_addresses:
             out.element(f"service-ips-{v}", f"{address} . {key} : goto {ext}")
             if plan.external_local:
@@ -184,10 +246,14 @@ class Renderer:
                     out.element(f"cluster-route-{v}", route)
             if n:
                 endpoints(f"endpoints-{v}", f"{address} . {key}", cluster)
+            if affinity:
+                out.element(f"affinity-ids-{v}", f"{address} . {key} : {aid}")
         if external_addresses:
             out.needs.add(ext)
             if n:
                 out.needs.add(f"lb-{v}-{n}")
+                if affinity:
+                    out.needs.add(f"alb-{v}-{n}")
         if plan.node_port:
             out.element(f"service-nodeports-{v}", f"{np_key} : goto {np}")
             out.needs.add(np)
@@ -198,6 +264,8 @@ class Renderer:
             if n:
                 out.needs.add(f"npc-{v}-{n}")
                 endpoints(f"nodeport-endpoints-{v}", np_key, cluster)
+            if affinity:
+                out.element(f"affinity-nodeport-ids-{v}", f"{np_key} : {aid}")
 
     def shared_chain(self, name: str) -> tuple[str, ...]:
         """The rules of a shared chain, from its name (KIND-vF-COUNT; see SHARED_KINDS)."""
@@ -213,6 +281,23 @@ class Renderer:
 
         if kind == "lb":
             return (dnat(lookup, "endpoints"),)
+        if kind == "arec":  # n is the affinity timeout here
+            record = f"{ip} saddr . ct mark timeout {n}s"
+            return (f"update @affinity-{v} {{ {record} : {ip} daddr . th dport }}",)
+        if kind in ("alb", "anp"):
+            ids = (
+                f"{lookup} map @affinity-ids-{v}"
+                if kind == "alb"
+                else f"{np_lookup} map @affinity-nodeport-ids-{v}"
+            )
+            remembered = f"{ip} saddr . ct mark map @affinity-{v}"
+            rules = ["jump mark-for-masquerade"] if kind == "anp" else []
+            rules.append(f"ct mark set {ids}")
+            rules += [f"meta l4proto {p} dnat {ip} to {remembered}" for p in ("tcp", "udp", "sctp")]
+            rules.append(f"goto {'lb' if kind == 'alb' else 'npc'}-{v}-{n}")
+            return tuple(rules)
+        if kind == "aext":
+            return ("jump mark-for-masquerade", f"goto alb-{v}-{n}")
         if kind == "ext":
             return ("jump mark-for-masquerade", f"goto lb-{v}-{n}")
         if kind == "npc":
@@ -353,6 +438,11 @@ class Renderer:
                 f"  map nodeport-endpoints-{v} {{ {np_by_bucket} : {target}; }}",
                 f"  map nodeport-local-endpoints-{v} {{ {np_by_bucket} : {target}; }}",
                 f"  map cluster-route-{v} {{ type {at} . inet_proto . inet_service : verdict; }}",
+                f"  map affinity-ids-{v} {{ type {at} . inet_proto . inet_service : mark; }}",
+                f"  map affinity-nodeport-ids-{v} {{ type inet_proto . inet_service : mark; }}",
+                f"  map affinity-record-{v} {{ type mark : verdict; }}",
+                f"  map affinity-{v} {{ type {at} . mark : {at} . inet_service;"
+                f" flags dynamic,timeout; size {AFFINITY_SIZE}; }}",
                 f"  map nodeport-cluster-route-{v} {{ type inet_proto . inet_service : verdict; }}",
             ]
             lines += [
@@ -456,6 +546,10 @@ class Renderer:
             "  }",
             "  chain nat-postrouting {",
             "    type nat hook postrouting priority srcnat; policy accept;",
+            # Remember the endpoint of a ClientIP-affinity connection (before masquerade
+            # rewrites the client's address).
+            "    meta nfproto ipv4 ct status dnat ct mark vmap @affinity-record-v4",
+            "    meta nfproto ipv6 ct status dnat ct mark vmap @affinity-record-v6",
             "    jump masquerading",
             "  }",
             "}",
@@ -501,6 +595,9 @@ class NftablesBackend:
         self.renderer = Renderer(settings)
         self._refs: Counter[tuple[str, str]] = Counter()  # shared element -> plans holding it
         self._shared_chains: set[str] = set()
+        # The affinity ids of a previous process are unknown: its remembered endpoints are
+        # dropped by this process's first full sync, then kept by every later one.
+        self._synced = False
 
     @property
     def table(self) -> str:
@@ -514,6 +611,12 @@ class NftablesBackend:
         so there is no moment without rules; the affinity sets keep their elements (the
         clients' pinned endpoints), as kube-proxy keeps them.
         """
+        plans = list(plans)
+        ids = self.renderer.affinity_ids
+        ids.keep_only({p.id for p in plans if _needs_id(p)})
+        for plan in sorted(plans, key=lambda p: p.id):  # deterministic probing
+            if _needs_id(plan):
+                ids.assign(plan.id)
         merged = Rendered()
         refs: Counter[tuple[str, str]] = Counter()
         for plan in plans:
@@ -536,7 +639,7 @@ class NftablesBackend:
             tx.extend(
                 f"delete {kind} inet {t} {name}"
                 for name, kind in sorted(containers.items())
-                if not name.startswith("aff-")
+                if not name.startswith("aff-") and (name not in KEPT or not self._synced)
             )
             base_chains = self.renderer.base_chains()
             tx.extend(
@@ -553,10 +656,15 @@ class NftablesBackend:
         self.nft.apply(tx)
         self._refs = refs
         self._shared_chains = shared
+        self._synced = True
         return len(tx)
 
     def apply(self, changes: Changeset) -> int:
         """Program one changeset as one atomic transaction; returns the command count."""
+        ids = self.renderer.affinity_ids
+        for plan in (*changes.added, *(after for _, after in changes.updated)):
+            if _needs_id(plan):
+                ids.assign(plan.id)
         old, new = Rendered(), Rendered()
         delta: Counter[tuple[str, str]] = Counter()  # shared element -> change in holders
         for plan in (*changes.removed, *(before for before, _ in changes.updated)):
@@ -574,8 +682,13 @@ class NftablesBackend:
             if name not in old.sets:
                 tx.add(f"add set inet {t} {name} {{ {spec} }}")
         missing = new.needs - self._shared_chains
-        if missing:
-            raise FullSyncRequired(f"new shared chains needed: {', '.join(sorted(missing))}")
+        full_only = sorted(n for n in missing if n.split("-")[0] in FULL_SYNC_ONLY)
+        if full_only:
+            raise FullSyncRequired(f"new shared chains needed: {', '.join(full_only)}")
+        created = sorted(missing, key=_chain_order)
+        tx.extend(self._chain_decl(name, None) for name in created)
+        for name in created:
+            tx.extend(f"add rule inet {t} {name} {r}" for r in self.renderer.shared_chain(name))
         changed = {n: r for n, r in new.chains.items() if old.chains.get(n) != r}
         for name in sorted(changed):
             tx.add(self._chain_decl(name, new.comments.get(name)))
@@ -610,6 +723,11 @@ class NftablesBackend:
         for name in sorted(old.sets.keys() - new.sets.keys()):
             tx.add(f"delete set inet {t} {name}")
         self.nft.apply(tx)
+        still = {after.id for _, after in changes.updated if _needs_id(after)}
+        for plan in (*changes.removed, *(before for before, _ in changes.updated)):
+            if _needs_id(plan) and plan.id not in still:
+                ids.release(plan.id)
+        self._shared_chains |= missing
         for shared, change in delta.items():
             count = self._refs[shared] + change
             if count > 0:
@@ -663,7 +781,8 @@ def _ordered(backends: Iterable[Any]) -> list[Any]:
 
 def _chain_order(name: str) -> tuple[int, str]:
     """Endpoint chains first, then policy chains, then the chains that jump to those."""
-    rank = {"ep": 0, "svc": 1, "local": 1, "lb": 1, "npc": 1, "ext": 2, "xl": 2, "np": 2}
+    rank = {"ep": 0, "svc": 1, "local": 1, "lb": 1, "npc": 1, "arec": 1, "ext": 2, "xl": 2}
+    rank |= {"np": 2, "alb": 2, "anp": 2, "aext": 3}
     return rank.get(name.split("-", 1)[0], 9), name
 
 

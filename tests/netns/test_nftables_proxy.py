@@ -142,10 +142,16 @@ def test_node_port_does_not_answer_on_other_ports_or_loopback(proxy: Harness) ->
 def test_client_ip_affinity_pins_a_client(proxy: Harness) -> None:
     web(
         proxy,
+        type="LoadBalancer",
+        node_port=30080,
+        status={"loadBalancer": {"ingress": [{"ip": LB4}]}},
         sessionAffinity="ClientIP",
         sessionAffinityConfig={"clientIP": {"timeoutSeconds": 60}},
     )
     tb = proxy.tb
+    # Every frontend kind pins (IPv6 too, through kube-proxy's per-endpoint layout).
+    for address, port in ((UPLINK_NODE4, 30080), (LB4, 80), (VIP6, 80)):
+        assert len(names(many(tb.client, address, port, n=15))) == 1, address
     seen = names(many(tb.client, VIP4, 80, n=30))
     assert len(seen) == 1 and next(iter(seen)).startswith("pod"), seen
     # Another client (a pod) gets its own pick, and keeps it too.
