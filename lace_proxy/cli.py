@@ -82,7 +82,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if cfg.lace.manifests:
         name, where = FILES, str(_manifests(cfg))
     else:
-        name, where = KUBE, args.master or args.kubeconfig or "in-cluster config"
+        kubeconfig = args.kubeconfig or cfg.client_connection.kubeconfig
+        name, where = KUBE, args.master or kubeconfig or "in-cluster config"
     proxier = Proxier(
         table,
         backend,
@@ -97,9 +98,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         source = ManifestSource(where, proxier, rejections, interval=args.poll_interval)
     else:
         try:
-            api = api_client(args.kubeconfig, args.master)
+            api = api_client(kubeconfig, args.master)
         except Exception as exc:  # no in-cluster environment, unreadable kubeconfig
-            raise SystemExit(f"lace-proxy: cannot configure the API client: {exc}") from exc
+            raise SystemExit(
+                f"lace-proxy: cannot configure the API client from {where}: {exc}"
+            ) from exc
         source = KubeSource(
             api,
             proxier,
@@ -258,7 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--kubeconfig",
         metavar="FILE",
-        help="kubeconfig for the Kubernetes API (without --manifests; default: in-cluster)",
+        help="kubeconfig for the Kubernetes API (without --manifests; default: the config's "
+        "clientConnection.kubeconfig, else in-cluster)",
     )
     run.add_argument(
         "--master", metavar="URL", help="the API server's address, overriding the kubeconfig's"

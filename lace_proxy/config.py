@@ -61,7 +61,6 @@ NFTABLES_FAMILIES = ("inet", "ip", "ip6")
 IGNORED_UPSTREAM_FIELDS = frozenset(
     {
         "bindAddressHardFail",
-        "clientConnection",
         "configSyncPeriod",
         "enableProfiling",
         "featureGates",
@@ -197,6 +196,17 @@ class IPVSConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ClientConnectionConfig:
+    """clientConnection: how to reach the API server (kubeadm writes a kubeconfig path)."""
+
+    kubeconfig: str | None = None
+    accept_content_types: str | None = None
+    content_type: str | None = None
+    qps: float = 5.0
+    burst: int = 10
+
+
+@dataclass(frozen=True, slots=True)
 class ConntrackConfig:
     """conntrack: sysctls kube-proxy tunes; 0 leaves the kernel's value (maxPerCore 0 also
     ignores `min`)."""
@@ -246,6 +256,7 @@ class ProxyConfig:
     nftables: NFTablesConfig = field(default_factory=NFTablesConfig)
     ipvs: IPVSConfig = field(default_factory=IPVSConfig)
     conntrack: ConntrackConfig = field(default_factory=ConntrackConfig)
+    client_connection: ClientConnectionConfig = field(default_factory=ClientConnectionConfig)
     lace: LaceConfig = field(default_factory=LaceConfig)
 
     def to_dict(self) -> dict[str, object]:
@@ -320,6 +331,13 @@ def _integer(low: int, high: int) -> Callable[[object], int]:
         return value
 
     return parse
+
+
+def _rate(value: object) -> float | None:
+    """qps/burst: a non-negative number; 0 means the default, as kubeadm writes it."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise _bad(value, "a non-negative number")
+    return float(value) or None
 
 
 def _duration(value: object) -> float:
@@ -486,6 +504,13 @@ _SCHEMA: _Schema = {
         "tcpFinTimeout": _DURATION_FIELD,
         "udpTimeout": _DURATION_FIELD,
         "excludeCIDRs": _CIDRS_FIELD,
+    },
+    "clientConnection": {
+        "kubeconfig": _Field(_optional_string),
+        "acceptContentTypes": _Field(_optional_string),
+        "contentType": _Field(_optional_string),
+        "qps": _Field(_rate),
+        "burst": _Field(lambda v: None if (r := _rate(v)) is None else int(r)),
     },
     "conntrack": {
         "maxPerCore": _Field(_integer(0, 2**31 - 1)),
@@ -670,6 +695,7 @@ def load_config(path: str | None, overrides: Mapping[str, object] | None = None)
         "ipvs": ipvs,
         "detect_local": _section(DetectLocalConfig, merged.pop("detectLocal", {})),
         "conntrack": _section(ConntrackConfig, merged.pop("conntrack", {})),
+        "client_connection": _section(ClientConnectionConfig, merged.pop("clientConnection", {})),
         "lace": LaceConfig(
             nftables=_section(LaceNFTablesConfig, lace.pop("nftables", {})),
             **{_snake(key): value for key, value in lace.items()},

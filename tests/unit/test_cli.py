@@ -85,3 +85,14 @@ def test_run_without_a_reachable_source_says_what_is_wrong(tmp_path: Path) -> No
         main(["run", "--kubeconfig", str(tmp_path / "missing")])
     with pytest.raises(SystemExit, match="no such file or folder"):
         main(["run", "--manifests", "/nonexistent/lace"])
+
+
+def test_run_takes_the_kubeconfig_from_client_connection(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    missing = tmp_path / "kubeconfig.conf"
+    config.write_text(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+        f"clientConnection:\n  kubeconfig: {missing}\n"
+    )
+    with pytest.raises(SystemExit, match=str(missing)):
+        main(["run", "--config", str(config)])

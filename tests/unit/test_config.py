@@ -18,6 +18,7 @@ from lace_proxy import config as cfg
 from lace_proxy.config import (
     LACE_API_VERSION,
     UPSTREAM_API_VERSION,
+    ClientConnectionConfig,
     ConfigError,
     ProxyConfig,
     add_config_flags,
@@ -231,13 +232,15 @@ def test_kubeadm_configmap_zero_values_mean_defaults(
     with caplog.at_level(logging.WARNING, logger="lace_proxy.config"):
         c = load_config(write(KUBEADM_CONFIGMAP))
     assert c == ProxyConfig(
-        hostname_override="node-a.example", cluster_cidr=(net("10.244.0.0/16"),)
+        hostname_override="node-a.example",
+        cluster_cidr=(net("10.244.0.0/16"),),
+        client_connection=ClientConnectionConfig(kubeconfig="/k.conf"),
     )
     [record] = caplog.records
     assert record.levelno == logging.WARNING
     assert record.getMessage() == (
         "config.yaml: ignoring kube-proxy fields that do not apply to lace-proxy: "
-        "bindAddressHardFail, clientConnection, configSyncPeriod, enableProfiling, iptables, "
+        "bindAddressHardFail, configSyncPeriod, enableProfiling, iptables, "
         "logging, oomScoreAdj, portRange, showHiddenMetricsForVersion, winkernel"
     )
 
