@@ -55,24 +55,33 @@ class Timing:
     watch_timeout: int = 300  # timeoutSeconds asked of the server; jittered up to 2x
     backoff_initial: float = 0.8
     backoff_max: float = 30.0
+    rediscover: float = 60.0  # how often an unserved custom resource is asked for again
 
 
 class Gone(Exception):
     """The server no longer has the requested resourceVersion: relist."""
 
 
+class NotServed(Exception):
+    """The API does not serve this (optional) resource: its CRD is not installed."""
+
+
 @dataclass(frozen=True)
 class Resource:
-    """One watched resource: where it lives, how to parse it, how to deliver it."""
+    """One watched resource: where it lives, how to parse it, how to deliver it.
+
+    An `optional` resource (a custom resource) may not be served: then it is reported as
+    empty, and asked for again every `Timing.rediscover` seconds.
+    """
 
     name: str
     path: str
     label_selector: str | None
     field_selector: str | None
     parse: Callable[[dict[str, Any]], Any]
-    key: Callable[[Any], str]
-    upsert: str  # ChangeHandler method names
-    delete: str
+    upsert: Callable[[ChangeHandler, Any], None]
+    delete: Callable[[ChangeHandler, str], None]
+    optional: bool = False
 
 
 def resources(node_name: str) -> list[Resource]:
@@ -84,9 +93,8 @@ def resources(node_name: str) -> list[Resource]:
             PROXY_SELECTOR,
             None,
             parse_service,
-            lambda o: o.key,
-            "service_upserted",
-            "service_deleted",
+            lambda h, o: h.service_upserted(o),
+            lambda h, key: h.service_deleted(key),
         ),
         Resource(
             "endpointslices",
@@ -94,9 +102,8 @@ def resources(node_name: str) -> list[Resource]:
             PROXY_SELECTOR,
             None,
             parse_endpoint_slice,
-            lambda o: o.key,
-            "slice_upserted",
-            "slice_deleted",
+            lambda h, o: h.slice_upserted(o),
+            lambda h, key: h.slice_deleted(key),
         ),
         Resource(
             "nodes",
@@ -104,9 +111,8 @@ def resources(node_name: str) -> list[Resource]:
             None,
             f"metadata.name={node_name}",
             parse_node,
-            lambda o: o.name,
-            "node_upserted",
-            "node_deleted",
+            lambda h, o: h.node_upserted(o),
+            lambda h, key: h.node_deleted(key),
         ),
     ]
 
@@ -173,6 +179,10 @@ class Reflector:
                     self._list()
                 self._watch()
                 delay = self.timing.backoff_initial  # a watch that ends normally: resume
+            except NotServed:
+                self._call(self._apply_list, {})  # its objects, if any, are gone
+                self._mark_synced()
+                self._stop.wait(self.timing.rediscover)
             except Gone:
                 log.info(
                     "%s: resourceVersion %s expired; relisting",
@@ -228,6 +238,10 @@ class Reflector:
         if response.status >= 400:
             data = response.response.data
             response.response.release_conn()
+            if response.status == 404 and self.resource.optional:
+                self._contact(True)  # the API answers; it just has no such resource
+                self.resource_version = None
+                raise NotServed(self.resource.path)
             raise k8s.ApiException(status=response.status, reason=response.reason, body=data)
         self._contact(True)
         return response.response  # the urllib3 response, not yet read: streamable
@@ -249,19 +263,20 @@ class Reflector:
                 parsed[key] = self.delivered[key]  # keep the last good version
         self._call(self._apply_list, parsed)
         self.resource_version = str(body.get("metadata", {}).get("resourceVersion") or "")
+        self._mark_synced()
+
+    def _mark_synced(self) -> None:
         if not self._synced:
             self._synced = True
             self.loop.call_soon_threadsafe(self.on_synced)
 
     def _apply_list(self, parsed: dict[str, Any]) -> None:
         """On the loop: deliver the difference between a (re)list and what was delivered."""
-        handler_delete = getattr(self.handler, self.resource.delete)
-        handler_upsert = getattr(self.handler, self.resource.upsert)
         for key in self.delivered.keys() - parsed.keys():
-            handler_delete(key)
+            self.resource.delete(self.handler, key)
         for key, obj in parsed.items():
             if self.delivered.get(key) != obj:
-                handler_upsert(obj)
+                self.resource.upsert(self.handler, obj)
         self.delivered = parsed
 
     def _watch(self) -> None:
@@ -306,11 +321,11 @@ class Reflector:
     def _deliver_upsert(self, key: str, obj: Any) -> None:
         if self.delivered.get(key) != obj:
             self.delivered[key] = obj
-            getattr(self.handler, self.resource.upsert)(obj)
+            self.resource.upsert(self.handler, obj)
 
     def _deliver_delete(self, key: str) -> None:
         if self.delivered.pop(key, None) is not None:
-            getattr(self.handler, self.resource.delete)(key)
+            self.resource.delete(self.handler, key)
 
     def _contact(self, ok: bool) -> None:
         """Report a change in whether the API answers (for health)."""
