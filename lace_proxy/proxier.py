@@ -26,7 +26,7 @@ from lace_proxy.health import (
     is_node_eligible,
 )
 from lace_proxy.metrics import ProxyMetrics
-from lace_proxy.model import EndpointSlice, Node, Service
+from lace_proxy.model import EndpointSlice, LaceObject, Node, Service
 from lace_proxy.table import Changeset, ServiceTable
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,7 @@ class Proxier:
         self._hc_ports = HealthCheckPorts()
         self.metrics.watch_table(table)
         self._waiting_for = set(sources)
+        self.lace: dict[tuple[str, str], LaceObject] = {}  # Networks and policies, by kind
         self._wake = asyncio.Event()
         self._need_full = True
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataplane")
@@ -121,6 +122,14 @@ class Proxier:
             self.table.set_node(name, None)
             self.health.node_eligible(False)
             self._queued()
+
+    def lace_upserted(self, obj: LaceObject) -> None:
+        # Kept for the network model (resolution in the table comes next); no effect on
+        # plans yet, so no sync is queued.
+        self.lace[(obj.kind, obj.key)] = obj
+
+    def lace_deleted(self, kind: str, name: str) -> None:
+        self.lace.pop((kind, name), None)
 
     def synced(self, source: str) -> None:
         self._waiting_for.discard(source)

@@ -37,6 +37,13 @@ class Recorder:
     def node_deleted(self, name: str) -> None:
         self.events.append(("node-", name))
 
+    def lace_upserted(self, obj: Any) -> None:
+        self.events.append((f"{obj.kind}+", obj.key))
+        self.objects[f"{obj.kind}/{obj.key}"] = obj
+
+    def lace_deleted(self, kind: str, name: str) -> None:
+        self.events.append((f"{kind}-", name))
+
     def synced(self, source: str) -> None:
         self.events.append(("synced", source))
 

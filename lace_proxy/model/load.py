@@ -1,4 +1,5 @@
-"""Load Services, EndpointSlices and Nodes from manifest files (a static, API-less source).
+"""Load Services, EndpointSlices, Nodes and the Lace resources from manifest files (a static,
+API-less source).
 
 A bad file or object is reported and skipped; everything else still loads, so that one typo
 does not take down every service.
@@ -17,6 +18,7 @@ import yaml
 
 from lace_proxy.model.endpointslice import EndpointSlice
 from lace_proxy.model.errors import ValidationError
+from lace_proxy.model.lace import LaceObject
 from lace_proxy.model.node import Node
 from lace_proxy.model.parse import parse_object
 from lace_proxy.model.service import Service
@@ -32,6 +34,8 @@ class LoadResult:
     services: dict[str, Service] = field(default_factory=dict)  # by "namespace/name"
     slices: dict[str, EndpointSlice] = field(default_factory=dict)  # by "namespace/name"
     nodes: dict[str, Node] = field(default_factory=dict)  # by name
+    # Lace resources (cluster-scoped) by (kind, name): ("Network", "default")
+    lace: dict[tuple[str, str], LaceObject] = field(default_factory=dict)
     rejected: list[ValidationError] = field(default_factory=list)  # each has .source
     # (kind, key) -> the file each loaded object came from ("Service", "default/web")
     origins: dict[tuple[str, str], str] = field(default_factory=dict)
@@ -86,7 +90,10 @@ def load_manifests(path: str | os.PathLike[str]) -> LoadResult:
                 )
                 continue
             origins[kind, key] = source
-            tables[type(obj)][key] = obj
+            if isinstance(obj, Service | EndpointSlice | Node):
+                tables[type(obj)][key] = obj
+            else:
+                result.lace[kind, key] = obj
     return result
 
 

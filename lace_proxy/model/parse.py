@@ -10,9 +10,10 @@ objects can also come from hand-written manifests.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
 from datetime import datetime
-from functools import lru_cache
-from typing import Any, NoReturn
+from functools import cache, lru_cache
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from lace_proxy.model.endpointslice import (
     LAST_CHANGE_TRIGGER_TIME,
@@ -30,6 +31,9 @@ from lace_proxy.model.service import (
     Service,
     ServicePort,
 )
+
+if TYPE_CHECKING:
+    from lace_proxy.model.lace import LaceObject
 
 #: Annotation form of spec.loadBalancerSourceRanges (comma-separated CIDRs).
 LB_SOURCE_RANGES_ANNOTATION = "service.beta.kubernetes.io/load-balancer-source-ranges"
@@ -530,25 +534,39 @@ def parse_node(obj: dict[str, Any]) -> Node:
 
 # --- dispatch ---------------------------------------------------------------------------------
 
-_PARSERS = {
+_PARSERS: dict[tuple[str, str], Callable[[dict[str, Any]], Any]] = {
     ("v1", "Service"): parse_service,
     ("discovery.k8s.io/v1", "EndpointSlice"): parse_endpoint_slice,
     ("v1", "Node"): parse_node,
 }
-_KINDS = {kind for _, kind in _PARSERS}
 
 
-def parse_object(obj: Any) -> Service | EndpointSlice | Node:
+@cache
+def _dispatch() -> dict[tuple[str, str], Callable[[dict[str, Any]], Any]]:
+    """Every parser by (apiVersion, kind), the Lace kinds included.
+
+    Built on first use, not at import: lace.py builds on this module's helpers, so importing
+    it from here at the top would be circular.
+    """
+    from lace_proxy.model.lace import LACE_GROUP_VERSION, LACE_KINDS
+
+    lace = {(LACE_GROUP_VERSION, kind): parser for kind, parser in LACE_KINDS.items()}
+    return {**_PARSERS, **lace}
+
+
+def parse_object(obj: Any) -> Service | EndpointSlice | Node | LaceObject:
     """Any supported object, chosen by apiVersion and kind; others are "unsupported_kind"."""
     if not isinstance(obj, dict):
         raise ValidationError("Object", "", "", obj, "must be an object", "invalid_type")
+    parsers = _dispatch()
     api_version, kind = obj.get("apiVersion"), obj.get("kind")
     if isinstance(api_version, str) and isinstance(kind, str):
-        parser = _PARSERS.get((api_version, kind))
+        parser = parsers.get((api_version, kind))
         if parser is not None:
             return parser(obj)
-    expected = "expected v1 Service, discovery.k8s.io/v1 EndpointSlice or v1 Node"
-    if isinstance(kind, str) and kind in _KINDS:
+    supported = [f"{version} {name}" for version, name in parsers]
+    expected = f"expected {', '.join(supported[:-1])} or {supported[-1]}"
+    if isinstance(kind, str) and kind in {name for _, name in parsers}:
         field, value, reason = "apiVersion", api_version, f"unsupported version; {expected}"
     else:
         field, value, reason = "kind", kind, f"unsupported kind; {expected}"

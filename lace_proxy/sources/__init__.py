@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from lace_proxy.model import EndpointSlice, Node, Service
+from lace_proxy.model import EndpointSlice, LaceObject, Node, Service
 
 
 class ChangeHandler(Protocol):
@@ -19,5 +19,7 @@ class ChangeHandler(Protocol):
     def slice_deleted(self, key: str) -> None: ...
     def node_upserted(self, node: Node) -> None: ...
     def node_deleted(self, name: str) -> None: ...
+    def lace_upserted(self, obj: LaceObject) -> None: ...
+    def lace_deleted(self, kind: str, name: str) -> None: ...
     def synced(self, source: str) -> None:
         """The source has delivered its complete initial state."""

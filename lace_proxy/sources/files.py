@@ -1,4 +1,4 @@
-"""The `files` source: a folder of Service, EndpointSlice and Node manifests, kept in step.
+"""The `files` source: a folder of Service, EndpointSlice, Node and Lace manifests, kept in step.
 
 It polls the folder's file signatures (name, size, mtime) and reloads when they change;
 the reload is diffed against what was delivered before, so the handler sees only real
@@ -86,6 +86,7 @@ class ManifestSource:
         for table in (result.services, result.slices, result.nodes):
             for key, obj in table.items():
                 objects[(type(obj).__name__, key)] = obj
+        objects.update(result.lace)
         bad_files: set[str] = set()
         rejected: set[Key] = set()
         for error in result.rejected:
@@ -117,8 +118,10 @@ class ManifestSource:
                 h.service_deleted(name)
             elif kind == "EndpointSlice":
                 h.slice_deleted(name)
-            else:
+            elif kind == "Node":
                 h.node_deleted(name)
+            else:
+                h.lace_deleted(kind, name)
             changed = True
         for key in sorted(objects, key=_order):
             obj = objects[key]
@@ -130,6 +133,8 @@ class ManifestSource:
                 h.slice_upserted(obj)
             elif isinstance(obj, Node):
                 h.node_upserted(obj)
+            else:
+                h.lace_upserted(obj)
             changed = True
         self._objects = objects
         return changed
@@ -150,5 +155,6 @@ class ManifestSource:
                 pass
 
 
-def _order(key: Key) -> tuple[int, str]:
-    return {"Node": 0, "Service": 1, "EndpointSlice": 2}.get(key[0], 3), key[1]
+def _order(key: Key) -> tuple[int, str, str]:
+    """Networks and policies first, then nodes, services and slices."""
+    return {"Node": 1, "Service": 2, "EndpointSlice": 3}.get(key[0], 0), key[0], key[1]

@@ -30,6 +30,8 @@ from kubernetes import config as k8s_config
 
 from lace_proxy.model import (
     HEADLESS_LABEL,
+    LACE_GROUP_VERSION,
+    LACE_KINDS,
     SERVICE_PROXY_NAME_LABEL,
     Rejections,
     ValidationError,
@@ -84,9 +86,27 @@ class Resource:
     optional: bool = False
 
 
+def _lace(kind: str, plural: str) -> Resource:
+    """A Lace custom resource: watched when the API serves it (its CRD is installed)."""
+    return Resource(
+        plural,
+        f"/apis/{LACE_GROUP_VERSION}/{plural}",
+        None,
+        None,
+        LACE_KINDS[kind],
+        lambda h, o: h.lace_upserted(o),
+        lambda h, key: h.lace_deleted(kind, key),
+        optional=True,
+    )
+
+
 def resources(node_name: str) -> list[Resource]:
-    """What the proxy watches: Services, EndpointSlices and its own Node."""
+    """What the proxy watches: Services, EndpointSlices, its own Node and the Lace resources."""
     return [
+        _lace("Network", "networks"),
+        _lace("NetworkBindingPolicy", "networkbindingpolicies"),
+        _lace("NetworkRoutingPolicy", "networkroutingpolicies"),
+        _lace("ServiceRoutingPolicy", "serviceroutingpolicies"),
         Resource(
             "services",
             "/api/v1/services",

@@ -14,6 +14,7 @@ from lace_proxy.sources.kube import PROXY_SELECTOR, SOURCE_NAME, KubeSource, Tim
 from ..helpers import Recorder, api_service, api_slice, eventually
 
 FAST = Timing(
+    rediscover=0.2,
     connect_timeout=1.0,
     read_timeout=1.5,
     watch_timeout=30,
@@ -265,3 +266,31 @@ def test_an_invalid_update_keeps_the_last_good_version(api: ApiServer) -> None:
 
 def _lists(api: ApiServer) -> int:
     return sum(1 for q in api.requests() if q.query.get("watch") not in ("true", "1"))
+
+
+def network(name: str, prefix: str = "10.251.0.0/24") -> dict[str, Any]:
+    return {
+        "apiVersion": "lace-cni.io/v1alpha1",
+        "kind": "Network",
+        "metadata": {"name": name},
+        "spec": {"type": "l3", "ipv4Subnet": {"prefix": prefix}},
+    }
+
+
+def test_lace_resources_are_watched_once_the_api_serves_them(api: ApiServer) -> None:
+    async def scenario(r: Running) -> None:
+        # No CRDs: the source still syncs (the Lace resources are simply empty).
+        await eventually(lambda: ("synced", SOURCE_NAME) in r.recorder.events)
+        r.take()
+        api.set_lace_crds(True)
+        api.apply(network("default"))
+        await eventually(lambda: ("Network+", "default") in r.recorder.events)
+        assert r.recorder.objects["Network/default"].ipv4_prefix == "10.251.0.0/24"
+        api.apply(network("default", "10.252.0.0/24"))
+        await eventually(
+            lambda: r.recorder.objects["Network/default"].ipv4_prefix == "10.252.0.0/24"
+        )
+        api.set_lace_crds(False)  # CRDs removed: their objects are gone
+        await eventually(lambda: ("Network-", "default") in r.recorder.events)
+
+    run(api, scenario)

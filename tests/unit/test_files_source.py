@@ -99,3 +99,21 @@ def test_a_missing_folder_is_not_synced_until_it_appears(folder: Path) -> None:
         return rec.take()
 
     assert asyncio.run(scenario()) == [("service+", "default/a"), ("synced", SOURCE_NAME)]
+
+
+def test_lace_resources_are_delivered_too(folder: Path) -> None:
+    internet = {
+        "apiVersion": "lace-cni.io/v1alpha1",
+        "kind": "Network",
+        "metadata": {"name": "internet"},
+        "spec": {"type": "external", "externalPrefixes": ["0.0.0.0/0", "::/0"]},
+    }
+    put(folder, "networks.yaml", internet, api_service("a"))
+    rec = Recorder()
+    source = ManifestSource(folder, rec)
+    source.poll()
+    assert rec.take() == [("Network+", "internet"), ("service+", "default/a")]
+    assert rec.objects["Network/internet"].external_prefixes == ("0.0.0.0/0", "::/0")
+    put(folder, "networks.yaml", api_service("a"))
+    source.poll()
+    assert rec.take() == [("Network-", "internet")]
