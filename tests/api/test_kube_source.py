@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import uvloop
 
 from lace_proxy.sandbox.apiserver import ApiServer
 from lace_proxy.sources.kube import PROXY_SELECTOR, SOURCE_NAME, KubeSource, Timing, api_client
@@ -54,7 +55,7 @@ class Running:
         return self.recorder.take()
 
 
-def run(api: ApiServer, scenario: Callable[[Running], Any]) -> None:
+def run(api: ApiServer, scenario: Callable[[Running], Any], runner: Any = asyncio.run) -> None:
     async def main() -> None:
         running = Running(api)
         stop = asyncio.Event()
@@ -65,7 +66,7 @@ def run(api: ApiServer, scenario: Callable[[Running], Any]) -> None:
             stop.set()
             await task
 
-    asyncio.run(main())
+    runner(main())
 
 
 async def settle(r: Running, seconds: float = 0.4) -> list[tuple[str, str]]:
@@ -101,6 +102,19 @@ def test_initial_list_then_changes(api: ApiServer) -> None:
         assert r.recorder.objects["default/web"].ports[0].port == 81
 
     run(api, scenario)
+
+
+def test_the_source_runs_on_uvloop_as_the_proxy_does(api: ApiServer) -> None:
+    api.apply(api_service("web"))
+
+    async def scenario(r: Running) -> None:
+        loop = asyncio.get_running_loop()
+        assert type(loop).__module__.startswith("uvloop")
+        await eventually(lambda: ("service+", "default/web") in r.recorder.events)
+        api.apply(api_service("web", port=83))
+        await eventually(lambda: r.recorder.objects["default/web"].ports[0].port == 83)
+
+    run(api, scenario, runner=uvloop.run)
 
 
 def test_changes_arrive_in_order_and_deletes_are_delivered(api: ApiServer) -> None:
