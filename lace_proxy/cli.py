@@ -32,11 +32,8 @@ log = logging.getLogger("lace_proxy")
 
 def nftables_settings(cfg: ProxyConfig) -> NftablesSettings:
     """The nftables backend's view of the configuration."""
-    node_ports: tuple[str, ...] = ()
-    if cfg.node_port_addresses == "primary":
-        log.warning("nodePortAddresses 'primary' is not resolved yet: serving on all addresses")
-    else:
-        node_ports = tuple(str(n) for n in cfg.node_port_addresses)
+    primary = cfg.node_port_addresses == "primary"
+    node_ports = () if primary else tuple(str(n) for n in cfg.node_port_addresses)
     cluster = (
         tuple(str(n) for n in cfg.cluster_cidr) if cfg.detect_local_mode == "ClusterCIDR" else ()
     )
@@ -46,6 +43,7 @@ def nftables_settings(cfg: ProxyConfig) -> NftablesSettings:
         masquerade_bit=cfg.nftables.masquerade_bit,
         cluster_cidrs=cluster,
         node_port_cidrs=node_ports,
+        node_port_primary=primary,
     )
 
 

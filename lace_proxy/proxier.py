@@ -37,6 +37,7 @@ class Dataplane(Protocol):
 
     def full_sync(self, plans: Iterable[Any]) -> int: ...
     def apply(self, changes: Changeset) -> int: ...
+    def node_addresses_changed(self, addresses: tuple[str, ...]) -> bool: ...
 
 
 @dataclass
@@ -115,12 +116,17 @@ class Proxier:
         if node.name == self.table.node_name:
             self.table.set_node(node.name, node.zone)
             self.health.node_eligible(is_node_eligible(node.deleting))
+            internal = tuple(a for kind, a in node.addresses if kind == "InternalIP")
+            if self.dataplane.node_addresses_changed(internal):
+                self._need_full = True
             self._queued()
 
     def node_deleted(self, name: str) -> None:
         if name == self.table.node_name:
             self.table.set_node(name, None)
             self.health.node_eligible(False)
+            if self.dataplane.node_addresses_changed(()):
+                self._need_full = True
             self._queued()
 
     def lace_upserted(self, obj: LaceObject) -> None:

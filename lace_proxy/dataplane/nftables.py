@@ -75,6 +75,9 @@ class NftablesSettings:
     masquerade_bit: int = 14
     cluster_cidrs: tuple[str, ...] = ()  # pod CIDRs: sources inside them are not masqueraded
     node_port_cidrs: tuple[str, ...] = ()  # empty: NodePorts on every local address
+    # nodePortAddresses "primary": NodePorts only on the node's own addresses (from its Node
+    # object), none until they are known.
+    node_port_primary: bool = False
 
     def __post_init__(self) -> None:
         if not TABLE_NAME.match(self.table):
@@ -164,6 +167,7 @@ class Renderer:
     def __init__(self, settings: NftablesSettings) -> None:
         self.s = settings
         self.affinity_ids = AffinityIds()
+        self.node_addresses: tuple[str, ...] = ()  # for node_port_primary
         self._has_cluster_cidrs = {
             f: bool(self._cidrs(settings.cluster_cidrs, f)) for f in FAMILIES
         }
@@ -561,7 +565,13 @@ class Renderer:
         return {line.split()[1] for line in self.base() if line.startswith("  chain ")}
 
     def _elements(self, family: int, which: int) -> str:
-        mine = self._cidrs(self.s.cluster_cidrs if which == 1 else self.s.node_port_cidrs, family)
+        if which == 1:
+            cidrs = self.s.cluster_cidrs
+        elif self.s.node_port_primary:
+            cidrs = tuple(f"{a}/{32 if ':' not in a else 128}" for a in self.node_addresses)
+        else:
+            cidrs = self.s.node_port_cidrs
+        mine = self._cidrs(cidrs, family)
         return f"elements = {{ {', '.join(mine)} }}; " if mine else ""
 
     @staticmethod
@@ -573,7 +583,7 @@ class Renderer:
         ip = _ip(family)
         loopback = "127.0.0.0/8" if family == 4 else "::1"
         match = f"meta nfproto ipv{family} fib daddr type local {ip} daddr != {loopback}"
-        if self.s.node_port_cidrs:
+        if self.s.node_port_cidrs or self.s.node_port_primary:
             match += f" {ip} daddr @nodeport-cidrs-v{family}"
         return match
 
@@ -737,6 +747,17 @@ class NftablesBackend:
         if self.conntrack is not None:
             self.conntrack.delete_udp(stale_udp_filters(changes))
         return len(tx)
+
+    def node_addresses_changed(self, addresses: tuple[str, ...]) -> bool:
+        """The node's own addresses changed; True when the next sync must be a full one.
+
+        They matter only for nodePortAddresses "primary", where they are the NodePort
+        addresses (in the table's fixed part, which only a full sync rewrites).
+        """
+        if not self.settings.node_port_primary or addresses == self.renderer.node_addresses:
+            return False
+        self.renderer.node_addresses = addresses
+        return True
 
     def cleanup(self) -> bool:
         """Remove everything this backend made (the whole table)."""

@@ -15,6 +15,7 @@ import pytest
 from lace_proxy.sandbox.testbed import (
     CLIENT4,
     CLIENT6,
+    GWLINK_NODE4,
     POD_GATEWAY4,
     POD_GATEWAY6,
     UPLINK_NODE4,
@@ -24,7 +25,19 @@ from lace_proxy.sandbox.testbed import (
     request_udp,
 )
 
-from .proxykit import EXT4, EXT6, LB4, LB6, OTHER_NODE, Harness, endpoints, many, names, service
+from .proxykit import (
+    EXT4,
+    EXT6,
+    LB4,
+    LB6,
+    NODE,
+    OTHER_NODE,
+    Harness,
+    endpoints,
+    many,
+    names,
+    service,
+)
 
 pytestmark = pytest.mark.netns
 
@@ -374,3 +387,26 @@ def test_udp_flows_follow_endpoint_changes(proxy: Harness) -> None:
         assert udp_exchange(sock, VIP4, 53) == "pod3"
     finally:
         sock.close()
+
+
+def test_node_port_addresses_primary_follow_the_node_object(tb: Testbed, tmp_path: Path) -> None:
+    proxy = Harness(tb, tmp_path / "manifests", node_port_primary=True)
+    try:
+        web(proxy, type="NodePort", node_port=30080)
+        # The Node (and so its primary address) is not known yet: no NodePort anywhere.
+        untouched = request_tcp(tb.client, UPLINK_NODE4, 30080)
+        assert untouched.reply is not None and untouched.reply.name == "node", untouched
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": NODE},
+            "status": {"addresses": [{"type": "InternalIP", "address": UPLINK_NODE4}]},
+        }
+        proxy.write("node", node)
+        proxy.sync()
+        assert set(names(many(tb.client, UPLINK_NODE4, 30080))) <= {"pod1", "pod2", "pod3"}
+        # Another address of the node is not a NodePort address.
+        other = request_tcp(tb.client, GWLINK_NODE4, 30080)
+        assert other.reply is not None and other.reply.name == "node", other
+    finally:
+        proxy.close()
