@@ -237,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="lace-proxy",
         description="A kube-proxy replacement: a compiled service table programming nftables.",
     )
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser(
@@ -315,7 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `lace-proxy table | head` ends quietly
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose > 1 else logging.INFO,
+        level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
