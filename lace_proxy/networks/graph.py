@@ -1,0 +1,145 @@
+"""The Lace networks resolved: which network a source is in, and which networks may reach which.
+
+DESIGN.md §3 in code. Networks are isolated by default; a NetworkRoutingPolicy peers source
+networks to destination networks (one direction; replies follow conntrack), granting their
+pods and services; a ServiceRoutingPolicy grants source networks the services of
+destination networks (optionally only those its serviceSelector picks), not their pods.
+A source is classified as: locally originated → the hostLocal network (if one is declared);
+an address in a pod network's prefixes → that network; otherwise the external network with
+the longest matching prefix; otherwise no network at all (it reaches nothing).
+
+The graph is rebuilt from the objects when a policy or network changes (there are tens of
+them, not thousands); what it answers per service is cheap.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lace_proxy.model.lace import (
+    POD_NETWORK_TYPES,
+    LaceObject,
+    Network,
+    NetworkBindingPolicy,
+    NetworkRoutingPolicy,
+    ServiceRoutingPolicy,
+)
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True)
+class ServiceRef:
+    """What bindings and service selectors look at."""
+
+    namespace: str
+    name: str
+    labels: Mapping[str, str]
+
+
+class NetworkGraph:
+    """Networks, bindings and routing policies, resolved for questions about traffic."""
+
+    def __init__(self, objects: Iterable[LaceObject]) -> None:
+        objects = list(objects)
+        self.networks: dict[str, Network] = {o.name: o for o in objects if isinstance(o, Network)}
+        self._bindings = sorted(
+            (o for o in objects if isinstance(o, NetworkBindingPolicy)), key=lambda o: o.name
+        )
+        routing = [o for o in objects if isinstance(o, NetworkRoutingPolicy)]
+        self._service_routing = [o for o in objects if isinstance(o, ServiceRoutingPolicy)]
+        self.host_local = next(
+            (
+                n.name
+                for n in sorted(self.networks.values(), key=lambda n: n.name)
+                if n.type == "hostLocal"
+            ),
+            None,
+        )
+        self._pod_prefixes: list[tuple[IPNetwork, str]] = []
+        self._external_prefixes: list[tuple[IPNetwork, str]] = []
+        for net in self.networks.values():
+            target = (
+                self._pod_prefixes
+                if net.type in POD_NETWORK_TYPES
+                else (self._external_prefixes if net.type == "external" else None)
+            )
+            if target is not None:
+                target.extend((ipaddress.ip_network(p), net.name) for p in net.prefixes)
+        # Longest prefix first, then name: classification is deterministic.
+        for prefixes in (self._pod_prefixes, self._external_prefixes):
+            prefixes.sort(key=lambda item: (-item[0].prefixlen, item[1]))
+        self._peers: dict[str, set[str]] = {name: set() for name in self.networks}
+        for policy in routing:
+            sources = self._select(policy.src_selector)
+            dests = self._select(policy.dest_selector)
+            for src in sources:
+                self._peers[src] |= dests
+
+    @property
+    def enabled(self) -> bool:
+        """Without Network objects, lace-proxy behaves as plain kube-proxy."""
+        return bool(self.networks)
+
+    def _select(self, selector: Any) -> set[str]:
+        return {name for name, net in self.networks.items() if selector.matches(dict(net.labels))}
+
+    def peers(self, source: str) -> frozenset[str]:
+        """The networks `source` is peered to (their pods and services)."""
+        return frozenset(self._peers.get(source, ()))
+
+    def classify(self, address: str, *, local: bool = False) -> str | None:
+        """The network a packet from `address` belongs to (None: no identity)."""
+        if local:
+            return self.host_local
+        ip = ipaddress.ip_address(address)
+        for prefixes in (self._pod_prefixes, self._external_prefixes):
+            for prefix, name in prefixes:
+                if ip.version == prefix.version and ip in prefix:
+                    return name
+        return None
+
+    def service_binding(self, service: ServiceRef) -> str | None:
+        """The network a service is explicitly bound to (matchKind service), if any.
+
+        Policies are read in name order and rules in written order; the first match wins.
+        """
+        for policy in self._bindings:
+            if "service" not in policy.match_kinds:
+                continue
+            for rule in policy.rules:
+                if rule.network in self.networks and rule.selector.matches(
+                    service.namespace, service.name, service.labels
+                ):
+                    return rule.network
+        return None
+
+    def allowed_sources(self, service: ServiceRef, network: str) -> frozenset[str]:
+        """The source networks that may reach a service bound to `network`.
+
+        Its own network, every network peered to it, and every network a
+        ServiceRoutingPolicy grants its services to (if the policy's serviceSelector picks it).
+        """
+        allowed = {network}
+        allowed |= {src for src, dests in self._peers.items() if network in dests}
+        for policy in self._service_routing:
+            if network not in self._select(policy.dest_selector):
+                continue
+            if not policy.service_selector.matches(service.labels):
+                continue
+            allowed |= self._select(policy.src_selector)
+        return frozenset(allowed)
+
+    def contains(self, network: str, address: str) -> bool:
+        """Whether an endpoint address lies in a network's prefixes."""
+        net = self.networks.get(network)
+        if net is None:
+            return False
+        ip = ipaddress.ip_address(address)
+        return any(
+            ip.version == p.version and ip in p
+            for p in (ipaddress.ip_network(x) for x in net.prefixes)
+        )

@@ -1,0 +1,142 @@
+"""The resolved network graph: classification, peering, service grants, bindings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from lace_proxy.model import parse_object
+from lace_proxy.networks import NetworkGraph, ServiceRef
+
+GV = "lace-cni.io/v1alpha1"
+
+
+def net(name: str, type: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": GV,
+        "kind": "Network",
+        "metadata": {"name": name},
+        "spec": {"type": type, **spec},
+    }
+
+
+def selector(network: str) -> dict[str, Any]:
+    return {"matchLabels": {"lace-cni.io/network": network}}
+
+
+NETWORKS = [
+    net(
+        "default",
+        "l3",
+        ipv4Subnet={"prefix": "10.251.0.0/24"},
+        ipv6Subnet={"prefix": "fd00:251::/64"},
+    ),
+    net("other", "l3", ipv4Subnet={"prefix": "10.253.0.0/24"}),
+    net("internet", "external", externalPrefixes=["0.0.0.0/0", "::/0"]),
+    net("underlay", "external", externalPrefixes=["10.250.0.0/24"]),
+    net("host-local", "hostLocal"),
+]
+HOST_LOCAL_PEERING = {
+    "apiVersion": GV,
+    "kind": "NetworkRoutingPolicy",
+    "metadata": {"name": "host-to-default"},
+    "spec": {"srcSelector": selector("host-local"), "destSelector": selector("default")},
+}
+UNDERLAY_WEB_SERVICES = {
+    "apiVersion": GV,
+    "kind": "ServiceRoutingPolicy",
+    "metadata": {"name": "underlay-web"},
+    "spec": {
+        "srcSelector": selector("underlay"),
+        "destSelector": selector("default"),
+        "serviceSelector": {"matchLabels": {"app": "web"}},
+    },
+}
+NODE_METRICS_BINDING = {
+    "apiVersion": GV,
+    "kind": "NetworkBindingPolicy",
+    "metadata": {"name": "node-metrics"},
+    "spec": {
+        "matchKind": ["service"],
+        "rules": [
+            {
+                "network": "internet",
+                "selector": {"name": "lace-node-metrics", "namespace": "kube-system"},
+            }
+        ],
+    },
+}
+
+
+def graph(*objects: dict[str, Any]) -> NetworkGraph:
+    return NetworkGraph(parse_object(o) for o in (*NETWORKS, *objects))  # type: ignore[misc]
+
+
+WEB = ServiceRef("default", "web", {"app": "web"})
+DB = ServiceRef("default", "db", {"app": "db"})
+
+
+def test_no_networks_means_plain_kube_proxy() -> None:
+    assert not NetworkGraph([]).enabled
+    assert graph().enabled
+
+
+@pytest.mark.parametrize(
+    ("address", "local", "expected"),
+    [
+        ("10.250.0.1", True, "host-local"),  # locally originated, whatever its address
+        ("10.251.0.11", False, "default"),
+        ("fd00:251::11", False, "default"),
+        ("10.253.0.5", False, "other"),
+        ("10.250.0.2", False, "underlay"),  # longest prefix over internet's 0.0.0.0/0
+        ("192.0.2.1", False, "internet"),
+        ("2001:db8::1", False, "internet"),
+    ],
+)
+def test_sources_are_classified(address: str, local: bool, expected: str) -> None:
+    assert graph().classify(address, local=local) == expected
+
+
+def test_without_external_or_host_local_networks_a_source_has_no_identity() -> None:
+    g = NetworkGraph([parse_object(NETWORKS[0])])  # type: ignore[list-item]
+    assert g.classify("192.0.2.1") is None
+    assert g.classify("10.251.0.1", local=True) is None
+
+
+def test_networks_are_isolated_until_peered_one_way() -> None:
+    assert graph().allowed_sources(WEB, "default") == {"default"}
+    g = graph(HOST_LOCAL_PEERING)
+    assert g.peers("host-local") == {"default"}
+    assert g.peers("default") == frozenset()  # one direction only
+    assert g.allowed_sources(WEB, "default") == {"default", "host-local"}
+    assert g.allowed_sources(WEB, "host-local") == {"host-local"}
+
+
+def test_service_routing_grants_selected_services_only() -> None:
+    g = graph(UNDERLAY_WEB_SERVICES)
+    assert g.allowed_sources(WEB, "default") == {"default", "underlay"}
+    assert g.allowed_sources(DB, "default") == {"default"}
+    assert g.peers("underlay") == frozenset()  # services, not pods
+
+
+def test_explicit_service_binding() -> None:
+    g = graph(NODE_METRICS_BINDING)
+    metrics = ServiceRef("kube-system", "lace-node-metrics", {})
+    assert g.service_binding(metrics) == "internet"
+    assert g.service_binding(WEB) is None
+    # hostNetwork endpoints (node addresses) lie in no pod network, but in internet.
+    assert g.contains("internet", "10.250.0.1")
+    assert not g.contains("default", "10.250.0.1")
+    assert g.contains("default", "10.251.0.11")
+
+
+def test_pod_only_bindings_do_not_bind_services() -> None:
+    pods_only = {
+        **NODE_METRICS_BINDING,
+        "metadata": {"name": "pods"},
+        "spec": {**NODE_METRICS_BINDING["spec"], "matchKind": ["pod"]},
+    }
+    assert (
+        graph(pods_only).service_binding(ServiceRef("kube-system", "lace-node-metrics", {})) is None
+    )
