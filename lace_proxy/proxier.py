@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 class Dataplane(Protocol):
     """What the proxier needs of a backend (nftables now, IPVS later)."""
 
-    def full_sync(self, plans: Iterable[Any]) -> int: ...
+    def full_sync(self, plans: Iterable[Any], changes: Changeset | None = None) -> int: ...
     def apply(self, changes: Changeset) -> int: ...
     def node_addresses_changed(self, addresses: tuple[str, ...]) -> bool: ...
 
@@ -150,15 +150,19 @@ class Proxier:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Sync until `stop` is set."""
-        last = float("-inf")
+        last = last_full = float("-inf")
         self.health.updated()  # as kube-proxy: the loop starting counts as an update
         self.metrics.record_queued()
         stopper = asyncio.ensure_future(stop.wait())
         try:
             while not stop.is_set():
                 waker = asyncio.ensure_future(self._wake.wait())
+                # The periodic full sync counts from the last full one: a stream of partial
+                # syncs must not postpone drift repair forever.
                 timeout = (
-                    None if not self.ready else max(0.0, last + self.sync_period - time.monotonic())
+                    None
+                    if not self.ready
+                    else max(0.0, last_full + self.sync_period - time.monotonic())
                 )
                 await asyncio.wait({waker, stopper}, timeout=timeout, return_when="FIRST_COMPLETED")
                 waker.cancel()
@@ -175,10 +179,13 @@ class Proxier:
                     if stop.is_set():
                         break
                 self._wake.clear()
-                full = self._need_full or time.monotonic() - last >= self.sync_period
+                full = self._need_full or time.monotonic() - last_full >= self.sync_period
+                synced_full = self.stats.full_syncs
                 if not await self.sync(full=full):
                     self._wake.set()  # retry after min_sync_period, as a full sync
                 last = time.monotonic()
+                if self.stats.full_syncs != synced_full:
+                    last_full = last
         finally:
             stopper.cancel()
             self._executor.shutdown(wait=True)
@@ -190,13 +197,8 @@ class Proxier:
         full = full or self._need_full
         changes = self.table.build()
         try:
-            if full:
-                self.table.commit()
-                plans = list(self.table.plans())
-                count = await loop.run_in_executor(self._executor, self.dataplane.full_sync, plans)
-                self.stats.full_syncs += 1
-                self._need_full = False
-            elif changes:
+            count = 0
+            if not full and changes:
                 try:
                     count = await loop.run_in_executor(
                         self._executor, self.dataplane.apply, changes
@@ -205,15 +207,16 @@ class Proxier:
                 except FullSyncRequired as exc:
                     log.info("%s: doing a full sync", exc)
                     full = True
-                    self.table.commit()
-                    plans = list(self.table.plans())
-                    count = await loop.run_in_executor(
-                        self._executor, self.dataplane.full_sync, plans
-                    )
-                    self.stats.full_syncs += 1
-            else:
+            elif not full:
                 self.table.commit()
-                count = 0
+            if full:
+                self._need_full = False  # before the await: a change meanwhile sets it again
+                self.table.commit()
+                plans = list(self.table.plans())
+                count = await loop.run_in_executor(
+                    self._executor, self.dataplane.full_sync, plans, changes
+                )
+                self.stats.full_syncs += 1
         except Exception as exc:  # the kernel refused: keep serving what is programmed
             self._need_full = True
             self.stats.failures += 1

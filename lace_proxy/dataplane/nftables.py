@@ -212,7 +212,8 @@ class Renderer:
         a = "a" if affinity else ""
         aid = self.affinity_ids.get(plan.id) if affinity else ""
         if affinity:
-            out.element(f"affinity-record-{v}", f"{aid} : goto arec-{v}-{affinity}")
+            # jump, not goto: nat-postrouting must go on to masquerade after recording.
+            out.element(f"affinity-record-{v}", f"{aid} : jump arec-{v}-{affinity}")
             out.needs.add(f"arec-{v}-{affinity}")
 
         internal = local if plan.internal_local else cluster
@@ -355,7 +356,7 @@ class Renderer:
             aff = f"aff-{name[3:]}"
             out.sets[aff] = f"type {_addr_type(fam)}; flags dynamic,timeout; timeout {affinity}s;"
             out.chains[name] = (
-                f"update @{aff} {{ {ip} saddr }}",
+                f"update @{aff} {{ {ip} saddr timeout {affinity}s }}",
                 f"meta l4proto {proto} dnat {ip} to {_dnat_target(b.ip, b.port, fam)}",
             )
 
@@ -613,13 +614,14 @@ class NftablesBackend:
     def table(self) -> str:
         return self.settings.table
 
-    def full_sync(self, plans: Iterable[Any]) -> int:
+    def full_sync(self, plans: Iterable[Any], changes: Changeset | None = None) -> int:
         """Replace the table's contents atomically with these plans; returns the command count.
 
         Used for the first sync and the periodic reconcile. One batch flushes every chain,
         replaces every map and set, deletes what is no longer wanted and fills in the rest,
         so there is no moment without rules; the affinity sets keep their elements (the
-        clients' pinned endpoints), as kube-proxy keeps them.
+        clients' pinned endpoints), as kube-proxy keeps them. `changes` (what changed since
+        the last sync, when known) drives the UDP conntrack cleanup, as `apply` does.
         """
         plans = list(plans)
         ids = self.renderer.affinity_ids
@@ -667,6 +669,8 @@ class NftablesBackend:
         self._refs = refs
         self._shared_chains = shared
         self._synced = True
+        if self.conntrack is not None and changes is not None:
+            self.conntrack.delete_udp(stale_udp_filters(changes))
         return len(tx)
 
     def apply(self, changes: Changeset) -> int:

@@ -258,7 +258,9 @@ class Reflector:
         if response.status >= 400:
             data = response.response.data
             response.response.release_conn()
-            if response.status == 404 and self.resource.optional:
+            # 404: the CRD is not installed; 403: we may not read it (RBAC). Either way
+            # the resource is absent for us, and must not hold up the other resources.
+            if response.status in (403, 404) and self.resource.optional:
                 self._contact(True)  # the API answers; it just has no such resource
                 self.resource_version = None
                 raise NotServed(self.resource.path)
@@ -275,12 +277,7 @@ class Reflector:
         items = body.get("items") or []
         parsed: dict[str, Any] = {}
         for raw in items:
-            obj = self._parse(raw)
-            key = _object_key(raw)
-            if obj is not None:
-                parsed[key] = obj
-            elif key in self.delivered:
-                parsed[key] = self.delivered[key]  # keep the last good version
+            parsed[_object_key(raw)] = self._parse(raw)  # None: invalid, see _apply_list
         self._call(self._apply_list, parsed)
         self.resource_version = str(body.get("metadata", {}).get("resourceVersion") or "")
         self._mark_synced()
@@ -290,14 +287,24 @@ class Reflector:
             self._synced = True
             self.loop.call_soon_threadsafe(self.on_synced)
 
-    def _apply_list(self, parsed: dict[str, Any]) -> None:
-        """On the loop: deliver the difference between a (re)list and what was delivered."""
-        for key in self.delivered.keys() - parsed.keys():
-            self.resource.delete(self.handler, key)
+    def _apply_list(self, parsed: dict[str, Any | None]) -> None:
+        """On the loop: deliver the difference between a (re)list and what was delivered.
+
+        Runs on the loop because `delivered` belongs to it (the thread never reads it).
+        """
+        kept = {}
         for key, obj in parsed.items():
+            if obj is None:  # invalid now: keep the last good version, if any
+                if key in self.delivered:
+                    kept[key] = self.delivered[key]
+            else:
+                kept[key] = obj
+        for key in self.delivered.keys() - kept.keys():
+            self.resource.delete(self.handler, key)
+        for key, obj in kept.items():
             if self.delivered.get(key) != obj:
                 self.resource.upsert(self.handler, obj)
-        self.delivered = parsed
+        self.delivered = kept
 
     def _watch(self) -> None:
         timeout = int(self.timing.watch_timeout * random.uniform(1.0, 2.0))

@@ -95,6 +95,23 @@ def test_changes_coalesce_within_min_sync_period(tb: Testbed) -> None:
     run(proxier, scenario)
 
 
+def test_periodic_full_syncs_happen_even_while_changes_keep_coming(tb: Testbed) -> None:
+    proxier, _ = make(tb, min_sync_period=0.05, sync_period=0.5)
+
+    async def scenario() -> None:
+        web(tb, proxier)
+        proxier.synced("a")
+        proxier.synced("b")
+        await eventually(lambda: proxier.stats.syncs >= 1)
+        first = proxier.stats.full_syncs
+        for i in range(25):  # a change every 0.1 s for 2.5 s
+            proxier.slice_upserted(parse_endpoint_slice(endpoints("web", tb.pods[: 1 + i % 3])))
+            await asyncio.sleep(0.1)
+        assert proxier.stats.full_syncs - first >= 3, proxier.stats
+
+    run(proxier, scenario)
+
+
 def test_periodic_full_sync_repairs_drift(tb: Testbed) -> None:
     proxier, _ = make(tb, min_sync_period=0.05, sync_period=1.0)
 
