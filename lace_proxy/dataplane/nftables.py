@@ -187,10 +187,14 @@ class Renderer:
             self._render_data(plan, out)
         if plan.lb_ips and plan.lb_source_ranges and not _allows_all(plan.lb_source_ranges):
             key = f"{plan.protocol.lower()} . {plan.port}"
+            # Per frontend (one owner each: claims), and without overlaps, which an
+            # interval set refuses.
+            nets = [ipaddress.ip_network(c) for c in plan.lb_source_ranges]
+            ranges = [str(n) for n in ipaddress.collapse_addresses(nets)]  # type: ignore[arg-type]
             for address in plan.lb_ips:
                 out.element(f"firewall-ips-{v}", f"{address} . {key}")
-                for cidr in plan.lb_source_ranges:
-                    out.shared.add((f"firewall-allow-{v}", f"{address} . {cidr}"))
+                for cidr in ranges:
+                    out.element(f"firewall-allow-{v}", f"{address} . {key} . {cidr}")
         return out
 
     def _render_data(self, plan: Any, out: Rendered) -> None:
@@ -232,14 +236,18 @@ class Renderer:
         if not (plan.node_port or external_addresses):
             return
         np_key = f"{proto} . {plan.node_port}"
+        n, m = len(cluster), len(local)
         if plan.external_verdict is not None:
             verdict = self._verdict(plan, external=True)
             for address in external_addresses:
                 out.element(f"no-endpoint-services-{v}", f"{address} . {key} : {verdict}")
             if plan.node_port:
                 out.element(f"no-endpoint-nodeports-{v}", f"{np_key} : {verdict}")
-            return
-        n, m = len(cluster), len(local)
+            if not (plan.external_local and n):
+                return
+            # Local policy without local endpoints: outside clients are dropped (above), but
+            # pods and the node itself still reach every endpoint, as in kube-proxy; the
+            # `xl`/`npl` chains with no local endpoints (m = 0) do just that.
         ext = f"xl-{v}-{m}" if plan.external_local else f"{a}ext-{v}-{n}"
         np = f"npl-{v}-{m}" if plan.external_local else f"{a}np-{v}-{n}"
         for address in external_addresses:
@@ -325,7 +333,8 @@ class Renderer:
             rules.append(f"{ip} saddr @cluster-cidrs-{v} {route}")
         rules.append("fib saddr type local jump mark-for-masquerade")
         rules.append(f"fib saddr type local {route}")
-        rules.append(f"meta nfproto ipv{fam} {dnat(key, local_map)}")
+        if n:  # none: only the short-circuit (no local endpoints; the filter drops the rest)
+            rules.append(f"meta nfproto ipv{fam} {dnat(key, local_map)}")
         return tuple(rules)
 
     def precreated(self) -> list[str]:
@@ -334,7 +343,7 @@ class Renderer:
             f"{kind}-v{fam}-{n}"
             for fam in FAMILIES
             for kind in SHARED_KINDS
-            for n in range(1, PRECREATED_COUNTS + 1)
+            for n in range(0 if kind in ("xl", "npl") else 1, PRECREATED_COUNTS + 1)
         ]
 
     def _render_chained(self, plan: Any, out: Rendered) -> None:
@@ -455,7 +464,8 @@ class Renderer:
                 f"  map no-endpoint-services-{v} {{ type {at} . inet_proto . inet_service"
                 " : verdict; }",
                 f"  set firewall-ips-{v} {{ type {at} . inet_proto . inet_service; }}",
-                f"  set firewall-allow-{v} {{ typeof {ip} daddr . {ip} saddr; flags interval; }}",
+                f"  set firewall-allow-{v} {{ typeof {ip} daddr . meta l4proto . th dport"
+                f" . {ip} saddr; flags interval; }}",
                 f"  map service-nodeports-{v} {{ type inet_proto . inet_service : verdict; }}",
                 f"  map no-endpoint-nodeports-{v} {{ type inet_proto . inet_service : verdict; }}",
                 f"  set cluster-ips-{v} {{ type {at}; }}",
@@ -509,7 +519,7 @@ class Renderer:
             ip, v = _ip(fam), f"v{fam}"
             lines.append(
                 f"    {ip} daddr . meta l4proto . th dport @firewall-ips-{v}"
-                f" {ip} daddr . {ip} saddr != @firewall-allow-{v} drop"
+                f" {ip} daddr . meta l4proto . th dport . {ip} saddr != @firewall-allow-{v} drop"
             )
         lines += ["  }", "  chain cluster-ips-check {"]
         for fam in FAMILIES:

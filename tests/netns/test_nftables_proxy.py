@@ -233,6 +233,8 @@ def test_external_traffic_policy_local(proxy: Harness) -> None:
     for address, port in ((UPLINK_NODE4, 30080), (LB4, 80)):
         dropped = request_tcp(tb.client, address, port, timeout=1.0)
         assert dropped.outcome == "timeout", dropped
+        # Pods are short-circuited to the (remote) endpoints, as kube-proxy does.
+        assert set(names(many(tb.pods[2], address, port, n=20))) == {"pod2", "pod3"}, address
 
 
 def test_internal_traffic_policy_local(proxy: Harness) -> None:
@@ -414,3 +416,53 @@ def test_node_port_addresses_primary_follow_the_node_object(tb: Testbed, tmp_pat
         assert other.reply is not None and other.reply.name == "node", other
     finally:
         proxy.close()
+
+
+def test_source_ranges_overlap_and_stay_per_frontend(proxy: Harness) -> None:
+    tb = proxy.tb
+    ingress = {"loadBalancer": {"ingress": [{"ip": LB4}]}}
+    # Overlapping ranges in one service (an interval set would refuse them as they are).
+    proxy.write(
+        "a",
+        service(
+            "a",
+            ["10.96.0.21"],
+            type="LoadBalancer",
+            node_port=30081,
+            status=ingress,
+            loadBalancerSourceRanges=["10.0.0.0/8", "10.250.0.0/16"],
+        ),
+        endpoints("a", tb.pods[:1], name="a-v4"),
+    )
+    proxy.sync()
+    assert request_tcp(tb.client, LB4, 80).outcome == "reply"
+    # Another service on the same address, another port, that allows the client: the
+    # first one's ranges still hold for its own port.
+    proxy.write(
+        "a",
+        service(
+            "a",
+            ["10.96.0.21"],
+            type="LoadBalancer",
+            node_port=30081,
+            status=ingress,
+            loadBalancerSourceRanges=["10.99.0.0/24"],
+        ),
+        endpoints("a", tb.pods[:1], name="a-v4"),
+    )
+    proxy.write(
+        "b",
+        service(
+            "b",
+            ["10.96.0.22"],
+            port=81,
+            type="LoadBalancer",
+            node_port=30082,
+            status=ingress,
+            loadBalancerSourceRanges=[f"{CLIENT4}/32"],
+        ),
+        endpoints("b", tb.pods[1:2], name="b-v4"),
+    )
+    proxy.sync()
+    assert request_tcp(tb.client, LB4, 81).outcome == "reply"
+    assert request_tcp(tb.client, LB4, 80, timeout=1.0).outcome == "timeout"
