@@ -126,28 +126,37 @@ class AffinityIds:
     """Unique 32-bit ids (conntrack marks) for service ports with ClientIP affinity.
 
     A client's remembered endpoint is keyed by (client, id), so two live service ports must
-    never share an id. An id starts as a hash of the plan id and probes on collision; it
-    stays with its plan until the plan is released.
+    never share an id. When an endpoint leaves a service port, the port gets a fresh id:
+    every remembered choice of the old id is orphaned (and idles out), so no client is sent
+    to an endpoint that is gone (clients of the remaining endpoints choose again).
     """
 
     def __init__(self) -> None:
         self._ids: dict[str, int] = {}
         self._owners: dict[int, str] = {}
+        self._backends: dict[str, frozenset[tuple[str, int]]] = {}
+        self._serial = 0
 
-    def assign(self, plan_id: str) -> None:
+    def assign(self, plan_id: str, backends: frozenset[tuple[str, int]]) -> None:
         if plan_id in self._ids:
-            return
-        value = int.from_bytes(hashlib.blake2b(plan_id.encode(), digest_size=4).digest(), "big")
-        value = value or 1
+            if self._backends[plan_id] <= backends:  # only additions: choices stay valid
+                self._backends[plan_id] = backends
+                return
+            self.release(plan_id)
+        self._serial += 1
+        seed = f"{plan_id}#{self._serial}".encode()
+        value = int.from_bytes(hashlib.blake2b(seed, digest_size=4).digest(), "big") or 1
         while value in self._owners:
             value = value % 0xFFFFFFFF + 1  # never 0: that is "no affinity"
         self._ids[plan_id] = value
         self._owners[value] = plan_id
+        self._backends[plan_id] = backends
 
     def release(self, plan_id: str) -> None:
         value = self._ids.pop(plan_id, None)
         if value is not None:
             del self._owners[value]
+            del self._backends[plan_id]
 
     def get(self, plan_id: str) -> str:
         return f"{self._ids[plan_id]:#010x}"
@@ -155,6 +164,10 @@ class AffinityIds:
     def keep_only(self, plan_ids: set[str]) -> None:
         for plan_id in set(self._ids) - plan_ids:
             self.release(plan_id)
+
+
+def _backend_set(plan: Any) -> frozenset[tuple[str, int]]:
+    return frozenset((b.ip, b.port) for b in (*plan.cluster_backends, *plan.local_backends))
 
 
 def _needs_id(plan: Any) -> bool:
@@ -638,7 +651,7 @@ class NftablesBackend:
         ids.keep_only({p.id for p in plans if _needs_id(p)})
         for plan in sorted(plans, key=lambda p: p.id):  # deterministic probing
             if _needs_id(plan):
-                ids.assign(plan.id)
+                ids.assign(plan.id, _backend_set(plan))
         merged = Rendered()
         refs: Counter[tuple[str, str]] = Counter()
         for plan in plans:
@@ -686,15 +699,15 @@ class NftablesBackend:
     def apply(self, changes: Changeset) -> int:
         """Program one changeset as one atomic transaction; returns the command count."""
         ids = self.renderer.affinity_ids
-        for plan in (*changes.added, *(after for _, after in changes.updated)):
-            if _needs_id(plan):
-                ids.assign(plan.id)
         old, new = Rendered(), Rendered()
         delta: Counter[tuple[str, str]] = Counter()  # shared element -> change in holders
         for plan in (*changes.removed, *(before for before, _ in changes.updated)):
-            r = self.renderer.render(plan)
+            r = self.renderer.render(plan)  # with the ids they were programmed with
             delta.subtract(r.shared)
             _merge_into(old, r)
+        for plan in (*changes.added, *(after for _, after in changes.updated)):
+            if _needs_id(plan):
+                ids.assign(plan.id, _backend_set(plan))
         for plan in (*changes.added, *(after for _, after in changes.updated)):
             r = self.renderer.render(plan)
             delta.update(r.shared)

@@ -466,3 +466,19 @@ def test_source_ranges_overlap_and_stay_per_frontend(proxy: Harness) -> None:
     proxy.sync()
     assert request_tcp(tb.client, LB4, 81).outcome == "reply"
     assert request_tcp(tb.client, LB4, 80, timeout=1.0).outcome == "timeout"
+
+
+def test_affinity_never_sends_a_client_to_an_endpoint_that_left(proxy: Harness) -> None:
+    tb = proxy.tb
+    spec = {
+        "sessionAffinity": "ClientIP",
+        "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 600}},
+    }
+    proxy.write("web", service("web", [VIP4], **spec), endpoints("web", tb.pods))  # type: ignore[arg-type]
+    proxy.sync()
+    (pinned,) = names(many(tb.client, VIP4, 80, n=10))
+    rest = [p for p in tb.pods if p.name != pinned]
+    proxy.write("web", service("web", [VIP4], **spec), endpoints("web", rest))  # type: ignore[arg-type]
+    proxy.sync()
+    (now,) = names(many(tb.client, VIP4, 80, n=10))  # pinned again, elsewhere
+    assert now != pinned and now in {p.name for p in rest}
