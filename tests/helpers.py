@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from lace_proxy.model import EndpointSlice, Node, Service
@@ -89,3 +90,34 @@ async def eventually(check: Callable[[], Any], timeout: float = 10.0) -> None:
             return
         assert asyncio.get_running_loop().time() < deadline, "not reached in time"
         await asyncio.sleep(0.02)
+
+
+#: Wrong values of every JSON type, for the parsers' fuzz tests.
+JUNK = [None, "", "x", 0, 70000, -1, True, 1.5, [], [1], ["x"], {}, {"a": 1}]
+
+
+def json_paths(value: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    """Every path to a value inside a JSON tree."""
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for key, child in items:
+        yield (*prefix, key)
+        if isinstance(child, dict | list):
+            yield from json_paths(child, (*prefix, key))
+
+
+def assert_junk_is_rejected_cleanly(base: dict[str, Any]) -> None:
+    """Junk at any place of a valid object gives a ValidationError or a model, never a crash."""
+    from lace_proxy.model import ValidationError, parse_object
+
+    for path in json_paths(base):
+        for junk in JUNK:
+            obj = copy.deepcopy(base)
+            target = obj
+            for key in path[:-1]:
+                target = target[key]
+            target[path[-1]] = junk
+            try:
+                parse_object(obj)
+            except ValidationError as error:
+                assert error.code, (path, junk)
+                str(error)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import logging
 import pickle
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,8 @@ from lace_proxy.model import (
     parse_object,
     parse_service,
 )
+
+from ..helpers import assert_junk_is_rejected_cleanly
 
 # --- realistic objects, as `kubectl get -o yaml` shows them -------------------------------------
 
@@ -930,34 +932,11 @@ def test_parse_object_rejects_non_objects(obj: Any) -> None:
     assert rejected(parse_service, obj).code == "invalid_type"
 
 
-JUNK = [None, "", "x", 0, 70000, -1, True, 1.5, [], [1], ["x"], {}, {"a": 1}]
-
-
-def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-    """Every path to a value inside a JSON tree."""
-    items = value.items() if isinstance(value, dict) else enumerate(value)
-    for key, child in items:
-        yield (*prefix, key)
-        if isinstance(child, dict | list):
-            yield from _paths(child, (*prefix, key))
-
-
 @pytest.mark.parametrize("text", [DUAL_STACK_LB, FULL_SLICE, FULL_NODE])
 def test_junk_anywhere_gives_validation_error_or_a_model(text: str) -> None:
     """No wrong type at any place may escape as TypeError/KeyError/AttributeError."""
     base = load(text)
-    for path in _paths(base):
-        for junk in JUNK:
-            obj = copy.deepcopy(base)
-            target = obj
-            for key in path[:-1]:
-                target = target[key]
-            target[path[-1]] = junk
-            try:
-                parse_object(obj)
-            except ValidationError as error:
-                assert error.code, (path, junk)
-                str(error)
+    assert_junk_is_rejected_cleanly(base)
 
 
 # --- errors and rejections ------------------------------------------------------------------
