@@ -27,6 +27,7 @@ from lace_proxy.health import (
 )
 from lace_proxy.metrics import ProxyMetrics
 from lace_proxy.model import EndpointSlice, LaceObject, Node, Service
+from lace_proxy.networks.view import NetworkView
 from lace_proxy.table import Changeset, ServiceTable
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,11 @@ class Proxier:
         self.metrics.watch_table(table)
         self._waiting_for = set(sources)
         self.lace: dict[tuple[str, str], LaceObject] = {}  # Networks and policies, by kind
+        self.networks = NetworkView()
+        # What the sources delivered, before the network model narrows it for the table.
+        self._services: dict[str, Service] = {}
+        self._slices: dict[str, dict[str, EndpointSlice]] = {}  # by service key, slice key
+        self._slice_service: dict[str, str] = {}  # slice key -> service key
         self._wake = asyncio.Event()
         self._need_full = True
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataplane")
@@ -91,26 +97,50 @@ class Proxier:
         self._wake.set()
 
     def service_upserted(self, svc: Service) -> None:
+        self._services[svc.key] = svc
         self.table.upsert_service(svc)
+        if self.networks.enabled:
+            self._narrow(svc.key)
         self.metrics.record_change("service", svc.key)
         self._queued()
 
     def service_deleted(self, key: str) -> None:
+        self._services.pop(key, None)
+        self.networks.bindings.pop(key, None)
         self.table.delete_service(key)
         self.metrics.record_change("service", key)
         self._queued()
 
     def slice_upserted(self, sl: EndpointSlice) -> None:
-        self.table.upsert_slice(sl)
+        old = self._slice_service.get(sl.key)
+        if old is not None and old != sl.service_key:
+            self._slices[old].pop(sl.key, None)
+        self._slice_service[sl.key] = sl.service_key
+        self._slices.setdefault(sl.service_key, {})[sl.key] = sl
+        if self.networks.enabled:
+            self._narrow(sl.service_key)
+        else:
+            self.table.upsert_slice(sl)
         self.metrics.record_change(
             "endpoints", sl.key, trigger_time=sl.trigger_time, family=sl.address_type
         )
         self._queued()
 
     def slice_deleted(self, key: str) -> None:
+        service_key = self._slice_service.pop(key, None)
+        if service_key is not None:
+            self._slices[service_key].pop(key, None)
         self.table.delete_slice(key)
+        if self.networks.enabled and service_key is not None:
+            self._narrow(service_key)
         self.metrics.record_change("endpoints", key)
         self._queued()
+
+    def _narrow(self, service_key: str) -> None:
+        """Give the table the service's slices as the network model lets it see them."""
+        slices = list(self._slices.get(service_key, {}).values())
+        for sl in self.networks.narrow(self._services.get(service_key), slices):
+            self.table.upsert_slice(sl)
 
     def node_upserted(self, node: Node) -> None:
         if node.name == self.table.node_name:
@@ -130,12 +160,19 @@ class Proxier:
             self._queued()
 
     def lace_upserted(self, obj: LaceObject) -> None:
-        # Kept for the network model (resolution in the table comes next); no effect on
-        # plans yet, so no sync is queued.
         self.lace[(obj.kind, obj.key)] = obj
+        self._networks_changed()
 
     def lace_deleted(self, kind: str, name: str) -> None:
-        self.lace.pop((kind, name), None)
+        if self.lace.pop((kind, name), None) is not None:
+            self._networks_changed()
+
+    def _networks_changed(self) -> None:
+        """A Network or policy changed: every service's binding is worked out again."""
+        self.networks.set_objects(self.lace.values())
+        for service_key in {*self._services, *self._slices}:
+            self._narrow(service_key)
+        self._queued()
 
     def synced(self, source: str) -> None:
         self._waiting_for.discard(source)

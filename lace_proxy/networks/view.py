@@ -1,0 +1,82 @@
+"""What the table sees of each service under the Lace network model.
+
+Between the sources and the table: a service is bound to a network (an explicit binding,
+else the pod network that holds its endpoints), and its EndpointSlices are narrowed to the
+endpoints inside that network, each exclusion recorded with a reason. The table then
+computes plans exactly as kube-proxy would from what remains, so its endpoint rules (ready,
+terminating fallback, Local policies, topology) apply within the bound network. Without
+Network objects nothing is narrowed: plain kube-proxy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from lace_proxy.model import EndpointSlice, LaceObject, Service
+from lace_proxy.networks.graph import NetworkGraph, ServiceRef
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A service's network, the sources allowed to reach it, and the endpoints left out."""
+
+    network: str | None  # None: its endpoints lie in no network, so it carries nothing
+    sources: frozenset[str]
+    excluded: tuple[tuple[str, str], ...]  # (address, reason)
+
+
+def _ref(svc: Service) -> ServiceRef:
+    return ServiceRef(svc.namespace, svc.name, dict(svc.labels))
+
+
+class NetworkView:
+    """Binds services to networks and narrows their slices accordingly."""
+
+    def __init__(self, objects: Iterable[LaceObject] = ()) -> None:
+        self.graph = NetworkGraph(objects)
+        self.bindings: dict[str, Binding] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.graph.enabled
+
+    def set_objects(self, objects: Iterable[LaceObject]) -> None:
+        """Networks or policies changed: every binding must be worked out again."""
+        self.graph = NetworkGraph(objects)
+        self.bindings.clear()
+
+    def narrow(self, svc: Service | None, slices: list[EndpointSlice]) -> list[EndpointSlice]:
+        """The slices as the table should see them (unchanged without networks)."""
+        if not self.graph.enabled or svc is None:
+            if svc is not None:
+                self.bindings.pop(svc.key, None)
+            return slices
+        network = self.graph.service_binding(_ref(svc)) or self._network_of(slices)
+        sources = self.graph.allowed_sources(_ref(svc), network) if network else frozenset()
+        excluded: list[tuple[str, str]] = []
+        narrowed = []
+        for sl in slices:
+            kept = []
+            for ep in sl.endpoints:
+                address = ep.addresses[0]
+                if network is not None and self.graph.contains(network, address):
+                    kept.append(ep)
+                elif network is None:
+                    excluded.append((address, "in no network; bind the service to one"))
+                else:
+                    excluded.append((address, f"outside network {network}"))
+            narrowed.append(
+                sl if len(kept) == len(sl.endpoints) else replace(sl, endpoints=tuple(kept))
+            )
+        self.bindings[svc.key] = Binding(network, sources, tuple(excluded))
+        return narrowed
+
+    def _network_of(self, slices: list[EndpointSlice]) -> str | None:
+        """The pod network that holds the service's endpoints (the first that has one)."""
+        for sl in slices:
+            for ep in sl.endpoints:
+                network = self.graph.classify(ep.addresses[0])
+                if network is not None and self.graph.networks[network].type in ("l3", "l2"):
+                    return network
+        return None
