@@ -20,6 +20,7 @@ from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
 from lace_proxy.health import ProxierHealth, ProxyServers, ServiceHealthServers
 from lace_proxy.metrics import ProxyMetrics
 from lace_proxy.model import Rejections, load_manifests
+from lace_proxy.networks import NetworkView
 from lace_proxy.proxier import Proxier
 from lace_proxy.sources.files import SOURCE_NAME as FILES
 from lace_proxy.sources.files import ManifestSource
@@ -157,10 +158,15 @@ def cmd_table(args: argparse.Namespace) -> int:
         print(f"rejected: {error}", file=sys.stderr)
     node = result.nodes.get(cfg.hostname_override)
     table = ServiceTable(cfg.hostname_override, node.zone if node else None)
+    networks = NetworkView(result.lace.values())
+    by_service: dict[str, list[Any]] = {}
+    for sl in result.slices.values():
+        by_service.setdefault(sl.service_key, []).append(sl)
     for svc in result.services.values():
         table.upsert_service(svc)
-    for sl in result.slices.values():
-        table.upsert_slice(sl)
+    for key, slices in by_service.items():
+        for sl in networks.narrow(result.services.get(key), slices):
+            table.upsert_slice(sl)
     table.build()
     table.commit()
     rows = []
@@ -179,6 +185,7 @@ def cmd_table(args: argparse.Namespace) -> int:
                     "action": f.verdict or "forward",
                     "affinity": f.affinity_timeout,
                     "masquerade": f.masquerade,
+                    "network": _network_of(networks, plan.service),
                     "backends": [
                         {
                             "ip": b.ip,
@@ -193,21 +200,38 @@ def cmd_table(args: argparse.Namespace) -> int:
                     "_text": _backend_rows(f.backends),
                 }
             )
+    excluded = {
+        key: [{"address": a, "reason": r} for a, r in binding.excluded]
+        for key, binding in sorted(networks.bindings.items())
+        if binding.excluded
+    }
     if args.output == "json":
         for row in rows:
             del row["_text"]
-        json.dump({"node": cfg.hostname_override, "frontends": rows}, sys.stdout, indent=2)
+        doc = {"node": cfg.hostname_override, "frontends": rows, "excluded": excluded}
+        json.dump(doc, sys.stdout, indent=2)
         print()
         return 0
-    headers = ("SERVICE", "PORT", "KIND", "FRONTEND", "ACTION", "BACKENDS")
+    headers: tuple[str, ...] = ("SERVICE", "PORT", "KIND", "FRONTEND", "ACTION", "BACKENDS")
     lines = [
         (r["service"], r["port"] or "-", r["kind"], r["frontend"], r["action"], r["_text"])
         for r in rows
     ]
+    if networks.enabled:
+        headers = ("NETWORK", *headers)
+        lines = [(r["network"] or "-", *line) for r, line in zip(rows, lines, strict=True)]
     widths = [max([len(h)] + [len(line[i]) for line in lines]) for i, h in enumerate(headers[:-1])]
     for line in [headers, *lines]:
         print("  ".join(c.ljust(w) for c, w in zip(line[:-1], widths, strict=True)), line[-1])
+    for key, items in excluded.items():
+        for item in items:
+            print(f"excluded: {key} endpoint {item['address']}: {item['reason']}")
     return 0
+
+
+def _network_of(networks: NetworkView, service_key: str) -> str | None:
+    binding = networks.bindings.get(service_key)
+    return binding.network if binding else None
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:

@@ -96,3 +96,25 @@ def test_run_takes_the_kubeconfig_from_client_connection(tmp_path: Path) -> None
     )
     with pytest.raises(SystemExit, match=str(missing)):
         main(["run", "--config", str(config)])
+
+
+def test_table_shows_networks_and_excluded_endpoints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for source in EXAMPLES.glob("*.yaml"):
+        (tmp_path / source.name).write_text(source.read_text())
+    (tmp_path / "networks.yaml").write_text(
+        "apiVersion: lace-cni.io/v1alpha1\nkind: Network\nmetadata: {name: default}\n"
+        "spec: {type: l3, ipv4Subnet: {prefix: 10.251.0.0/24}}\n"
+    )
+    args = ["table", "--manifests", str(tmp_path), "--hostname-override", "sandbox-node"]
+    assert main([*args, "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {f["network"] for f in doc["frontends"]} == {"default"}
+    assert [e["address"] for e in doc["excluded"]["default/web"]] == [
+        "fd00:251::11",
+        "fd00:251::12",
+        "fd00:251::13",
+    ]
+    v6 = [f for f in doc["frontends"] if f["family"] == "IPv6"]
+    assert {f["action"] for f in v6} == {"reject"}  # no IPv6 prefix in the network
