@@ -168,10 +168,18 @@ class Proxier:
             self._networks_changed()
 
     def _networks_changed(self) -> None:
-        """A Network or policy changed: every service's binding is worked out again."""
+        """A Network or policy changed: every service's binding is worked out again, and
+        only the services whose binding changed reach the table (and so the kernel)."""
+        was_enabled, before = self.networks.enabled, dict(self.networks.bindings)
         self.networks.set_objects(self.lace.values())
+        same_mode = was_enabled == self.networks.enabled
         for service_key in {*self._services, *self._slices}:
-            self._narrow(service_key)
+            slices = list(self._slices.get(service_key, {}).values())
+            narrowed = self.networks.narrow(self._services.get(service_key), slices)
+            if same_mode and before.get(service_key) == self.networks.bindings.get(service_key):
+                continue
+            for sl in narrowed:
+                self.table.upsert_slice(sl)
         self._queued()
 
     def synced(self, source: str) -> None:
