@@ -19,7 +19,7 @@ from lace_proxy.dataplane.nft import Nft, NftError
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
 from lace_proxy.health import ProxierHealth, ProxyServers, ServiceHealthServers
 from lace_proxy.metrics import ProxyMetrics
-from lace_proxy.model import Rejections, load_manifests
+from lace_proxy.model import Rejections
 from lace_proxy.networks import NetworkView
 from lace_proxy.proxier import Proxier
 from lace_proxy.sources.files import SOURCE_NAME as FILES
@@ -153,22 +153,15 @@ def _backend_rows(backends: Sequence[Any]) -> str:
 
 def cmd_table(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    result = load_manifests(_manifests(cfg))
-    for error in result.rejected:
-        print(f"rejected: {error}", file=sys.stderr)
-    node = result.nodes.get(cfg.hostname_override)
-    table = ServiceTable(cfg.hostname_override, node.zone if node else None)
-    networks = NetworkView(result.lace.values())
-    by_service: dict[str, list[Any]] = {}
-    for sl in result.slices.values():
-        by_service.setdefault(sl.service_key, []).append(sl)
-    for svc in result.services.values():
-        table.upsert_service(svc)
-    for key, slices in by_service.items():
-        for sl in networks.narrow(result.services.get(key), slices):
-            table.upsert_slice(sl)
+    # The proxy's own change tracker computes the table (network model included); it is
+    # never synced, so nothing reaches the kernel.
+    table = ServiceTable(cfg.hostname_override)
+    proxier = Proxier(table, NftablesBackend(nftables_settings(cfg)), sources=[FILES])
+    rejections = Rejections(on_reject=lambda e: print(f"rejected: {e}", file=sys.stderr))
+    ManifestSource(_manifests(cfg), proxier, rejections).poll()
     table.build()
     table.commit()
+    networks = proxier.networks
     rows = []
     for plan in sorted(table.plans(), key=lambda p: p.id):
         for f in plan.frontends():

@@ -81,8 +81,8 @@ class Proxier:
         self._waiting_for = set(sources)
         self.lace: dict[tuple[str, str], LaceObject] = {}  # Networks and policies, by kind
         self.networks = NetworkView()
-        # What the sources delivered, before the network model narrows it for the table.
-        self._services: dict[str, Service] = {}
+        # The slices as the sources delivered them, before the network model narrows them
+        # for the table (which holds the services as delivered).
         self._slices: dict[str, dict[str, EndpointSlice]] = {}  # by service key, slice key
         self._slice_service: dict[str, str] = {}  # slice key -> service key
         self._wake = asyncio.Event()
@@ -97,7 +97,6 @@ class Proxier:
         self._wake.set()
 
     def service_upserted(self, svc: Service) -> None:
-        self._services[svc.key] = svc
         self.table.upsert_service(svc)
         if self.networks.enabled:
             self._narrow(svc.key)
@@ -105,7 +104,6 @@ class Proxier:
         self._queued()
 
     def service_deleted(self, key: str) -> None:
-        self._services.pop(key, None)
         self.networks.bindings.pop(key, None)
         self.table.delete_service(key)
         self.metrics.record_change("service", key)
@@ -114,7 +112,7 @@ class Proxier:
     def slice_upserted(self, sl: EndpointSlice) -> None:
         old = self._slice_service.get(sl.key)
         if old is not None and old != sl.service_key:
-            self._slices[old].pop(sl.key, None)
+            self._forget_slice(sl.key)
         self._slice_service[sl.key] = sl.service_key
         self._slices.setdefault(sl.service_key, {})[sl.key] = sl
         if self.networks.enabled:
@@ -127,19 +125,35 @@ class Proxier:
         self._queued()
 
     def slice_deleted(self, key: str) -> None:
-        service_key = self._slice_service.pop(key, None)
-        if service_key is not None:
-            self._slices[service_key].pop(key, None)
+        service_key = self._forget_slice(key)
         self.table.delete_slice(key)
         if self.networks.enabled and service_key is not None:
             self._narrow(service_key)
         self.metrics.record_change("endpoints", key)
         self._queued()
 
-    def _narrow(self, service_key: str) -> None:
-        """Give the table the service's slices as the network model lets it see them."""
+    def _forget_slice(self, key: str) -> str | None:
+        """Drop a slice from the sources' view; returns the service it belonged to."""
+        service_key = self._slice_service.pop(key, None)
+        if service_key is not None:
+            by_key = self._slices[service_key]
+            by_key.pop(key, None)
+            if not by_key:
+                del self._slices[service_key]
+        return service_key
+
+    def _narrow(self, service_key: str, *, only_if_changed: bool = False) -> None:
+        """Give the table the service's slices as the network model lets it see them.
+
+        With `only_if_changed`, nothing reaches the table unless the service's binding
+        changed: the narrowed slices follow from the binding.
+        """
+        before = self.networks.bindings.get(service_key)
         slices = list(self._slices.get(service_key, {}).values())
-        for sl in self.networks.narrow(self._services.get(service_key), slices):
+        narrowed = self.networks.narrow(self.table.service(service_key), slices)
+        if only_if_changed and before == self.networks.bindings.get(service_key):
+            return
+        for sl in narrowed:
             self.table.upsert_slice(sl)
 
     def node_upserted(self, node: Node) -> None:
@@ -170,16 +184,11 @@ class Proxier:
     def _networks_changed(self) -> None:
         """A Network or policy changed: every service's binding is worked out again, and
         only the services whose binding changed reach the table (and so the kernel)."""
-        was_enabled, before = self.networks.enabled, dict(self.networks.bindings)
+        was_enabled = self.networks.enabled
         self.networks.set_objects(self.lace.values())
         same_mode = was_enabled == self.networks.enabled
-        for service_key in {*self._services, *self._slices}:
-            slices = list(self._slices.get(service_key, {}).values())
-            narrowed = self.networks.narrow(self._services.get(service_key), slices)
-            if same_mode and before.get(service_key) == self.networks.bindings.get(service_key):
-                continue
-            for sl in narrowed:
-                self.table.upsert_slice(sl)
+        for service_key in {*self._slices, *self.networks.bindings}:
+            self._narrow(service_key, only_if_changed=same_mode)
         self._queued()
 
     def synced(self, source: str) -> None:

@@ -42,9 +42,11 @@ class NetworkView:
         return self.graph.enabled
 
     def set_objects(self, objects: Iterable[LaceObject]) -> None:
-        """Networks or policies changed: every binding must be worked out again."""
+        """Networks or policies changed: every binding must be worked out again (`narrow`).
+
+        The old bindings stay until then, so that callers can tell which ones changed.
+        """
         self.graph = NetworkGraph(objects)
-        self.bindings.clear()
 
     def narrow(self, svc: Service | None, slices: list[EndpointSlice]) -> list[EndpointSlice]:
         """The slices as the table should see them (unchanged without networks)."""
