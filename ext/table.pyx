@@ -213,6 +213,7 @@ cdef class Plan:
     cdef readonly tuple cluster_backends, local_backends
     cdef readonly bint internal_local, external_local
     cdef readonly object internal_verdict, external_verdict
+    cdef readonly object access  # Access | None
 
     @property
     def internal_backends(self):
@@ -253,7 +254,8 @@ cdef bint _plan_eq(Plan a, Plan b):
             and a.external_ips == b.external_ips and a.lb_ips == b.lb_ips
             and a.lb_source_ranges == b.lb_source_ranges
             and a.cluster_backends == b.cluster_backends
-            and a.local_backends == b.local_backends)
+            and a.local_backends == b.local_backends
+            and (a.access is b.access or a.access == b.access))
 
 
 # --- slice digests --------------------------------------------------------------------------------
@@ -713,6 +715,7 @@ cdef Plan _plan_without(Plan p, frozenset lost):
     q.external_local = p.external_local
     q.internal_verdict = p.internal_verdict
     q.external_verdict = p.external_verdict
+    q.access = p.access
     return q
 
 
@@ -783,6 +786,7 @@ cdef class ServiceTable:
     cdef Cand* _cands  # scratch for one service port's merged endpoints
     cdef Py_ssize_t _capacity
     cdef _Claims _claims
+    cdef dict _access  # service key -> Access (the network model's say)
 
     implementation = IMPLEMENTATION
 
@@ -799,6 +803,7 @@ cdef class ServiceTable:
         self._pending_plans = []
         self._generation = 0
         self._claims = _Claims()
+        self._access = {}
 
     def __dealloc__(self):
         PyMem_Free(self._cands)
@@ -843,9 +848,20 @@ cdef class ServiceTable:
         self._mark(key)
 
     def delete_service(self, str key):
+        self._access.pop(key, None)
         if self._services.pop(key, None) is not None:
             self._claim(key, set())
             self._mark(key)
+
+    def set_access(self, str key, access):
+        """Who may reach a service (from the network model); None lifts every restriction."""
+        if self._access.get(key) == access:
+            return
+        if access is None:
+            del self._access[key]
+        else:
+            self._access[key] = access
+        self._mark(key)
 
     cdef void _claim(self, str key, set keys) except *:
         was = self._claims.losers.get(key)
@@ -901,6 +917,9 @@ cdef class ServiceTable:
 
     def service(self, str key):
         return self._services.get(key)
+
+    def service_keys(self):
+        return list(self._services)
 
     def slices_of(self, str service_key):
         entry = self._slices_by_service.get(service_key)
@@ -1084,6 +1103,7 @@ cdef class ServiceTable:
         cdef object svc_lb_ips = _field(svc, exact, SVC_LB_IPS, "lb_ingress_ips")
         cdef object svc_ranges = _field(svc, exact, SVC_LB_RANGES, "lb_source_ranges")
         cdef tuple ports = tuple(_field(svc, exact, SVC_PORTS, "ports"))
+        cdef object access = self._access.get(key) if self._access else None
         cdef int family, node_port, mode
         cdef bint accessible, external_local, uses_cluster, uses_local, has_any, sp_exact
         cdef bint local_ready, local_terminating
@@ -1163,6 +1183,7 @@ cdef class ServiceTable:
                     plan.external_verdict = (
                         "drop" if external_local and len(local) == 0 else None)
                 plan.health_check_node_port = hc_port if external_local else 0
+                plan.access = access
                 if result is None:
                     result = plan
                 elif type(result) is Plan:

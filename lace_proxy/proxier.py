@@ -27,8 +27,9 @@ from lace_proxy.health import (
 )
 from lace_proxy.metrics import ProxyMetrics
 from lace_proxy.model import EndpointSlice, LaceObject, Node, Service
+from lace_proxy.networks.graph import NetworkLayout
 from lace_proxy.networks.view import NetworkView
-from lace_proxy.table import Changeset, ServiceTable
+from lace_proxy.table import Access, Changeset, ServiceTable
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class Dataplane(Protocol):
     def full_sync(self, plans: Iterable[Any], changes: Changeset | None = None) -> int: ...
     def apply(self, changes: Changeset) -> int: ...
     def node_addresses_changed(self, addresses: tuple[str, ...]) -> bool: ...
+    def networks_changed(self, layout: NetworkLayout) -> bool: ...
 
 
 @dataclass
@@ -87,6 +89,7 @@ class Proxier:
         self._slice_service: dict[str, str] = {}  # slice key -> service key
         self._wake = asyncio.Event()
         self._need_full = True
+        self._dataplane_pending = False  # the dataplane has a change of its own to program
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataplane")
 
     # -- change tracker (called by sources, on the loop) --
@@ -151,8 +154,14 @@ class Proxier:
         before = self.networks.bindings.get(service_key)
         slices = list(self._slices.get(service_key, {}).values())
         narrowed = self.networks.narrow(self.table.service(service_key), slices)
-        if only_if_changed and before == self.networks.bindings.get(service_key):
+        binding = self.networks.bindings.get(service_key)
+        if only_if_changed and before == binding:
             return
+        if binding is None:
+            self.table.set_access(service_key, None)
+        else:
+            sources = tuple(sorted(binding.sources))
+            self.table.set_access(service_key, Access(binding.network, sources))
         for sl in narrowed:
             self.table.upsert_slice(sl)
 
@@ -187,8 +196,10 @@ class Proxier:
         was_enabled = self.networks.enabled
         self.networks.set_objects(self.lace.values())
         same_mode = was_enabled == self.networks.enabled
-        for service_key in {*self._slices, *self.networks.bindings}:
+        for service_key in {*self.table.service_keys(), *self.networks.bindings}:
             self._narrow(service_key, only_if_changed=same_mode)
+        if self.dataplane.networks_changed(self.networks.graph.layout()):
+            self._dataplane_pending = True
         self._queued()
 
     def synced(self, source: str) -> None:
@@ -250,9 +261,11 @@ class Proxier:
         start = time.monotonic()
         full = full or self._need_full
         changes = self.table.build()
+        # A failed sync sets _need_full, and a full sync programs the dataplane's own changes.
+        dataplane_pending, self._dataplane_pending = self._dataplane_pending, False
         try:
             count = 0
-            if not full and changes:
+            if not full and (changes or dataplane_pending):
                 try:
                     count = await loop.run_in_executor(
                         self._executor, self.dataplane.apply, changes

@@ -41,6 +41,7 @@ from typing import Any
 
 from lace_proxy.dataplane.conntrack import Conntrack, stale_udp_filters
 from lace_proxy.dataplane.nft import Nft, Transaction
+from lace_proxy.networks.graph import NetworkLayout
 from lace_proxy.table import Changeset
 
 #: Shared chain kinds: lb (DNAT by endpoint count), ext (masquerade, then lb), npc (NodePort
@@ -57,6 +58,11 @@ PRECREATED_COUNTS = 16
 AFFINITY_SIZE = 1 << 20
 #: Dynamic state a full sync keeps: clients' remembered endpoints.
 KEPT = ("affinity-v4", "affinity-v6")
+#: Chains the network model fills (see Renderer.render_networks); empty without it.
+ACCESS_CHAINS = ("access", "host-access", "unproxied")
+#: What a connection the network model does not allow gets: an ICMP error no other part of
+#: the proxy sends (no endpoints is port-unreachable), so it is told apart on the wire.
+DENY = "reject with icmpx admin-prohibited"
 SAFE_COMMENT = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
 TABLE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
 FAMILIES = (4, 6)
@@ -78,13 +84,16 @@ class NftablesSettings:
     # nodePortAddresses "primary": NodePorts only on the node's own addresses (from its Node
     # object), none until they are known.
     node_port_primary: bool = False
+    # node.serviceCIDRs: with the Lace network model on, only ClusterIPs inside them are
+    # proxied for the node's own traffic (the rest leave by its ordinary routes).
+    service_cidrs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not TABLE_NAME.match(self.table):
             raise ValueError(f"invalid nftables table name {self.table!r}")
         if not 0 <= self.masquerade_bit <= 31:
             raise ValueError(f"masqueradeBit {self.masquerade_bit} is not in 0-31")
-        for cidr in (*self.cluster_cidrs, *self.node_port_cidrs):
+        for cidr in (*self.cluster_cidrs, *self.node_port_cidrs, *self.service_cidrs):
             ipaddress.ip_network(cidr, strict=False)  # raises ValueError on bad input
 
 
@@ -208,6 +217,86 @@ class Renderer:
                 out.element(f"firewall-ips-{v}", f"{address} . {key}")
                 for cidr in ranges:
                     out.element(f"firewall-allow-{v}", f"{address} . {key} . {cidr}")
+        if plan.access is not None:
+            self._render_access(plan, out)
+        return out
+
+    @staticmethod
+    def _render_access(plan: Any, out: Rendered) -> None:
+        """The Lace network model: every frontend is controlled, reachable from its sources."""
+        v = f"v{plan.family}"
+        proto = plan.protocol.lower()
+        frontends = [
+            f"{address} . {proto} . {plan.port}"
+            for address in (plan.cluster_ip, *plan.external_ips, *plan.lb_ips)
+        ]
+        node_port = f"{proto} . {plan.node_port}" if plan.node_port else None
+        for frontend in frontends:
+            out.element(f"controlled-{v}", frontend)
+        if node_port:
+            out.element(f"controlled-nodeports-{v}", node_port)
+        for source in plan.access.sources:
+            h = _h(source)
+            for frontend in frontends:
+                out.element(f"reach-{h}-{v}", frontend)
+            if node_port:
+                out.element(f"reach-nodeports-{h}-{v}", node_port)
+
+    def render_networks(self, layout: NetworkLayout) -> Rendered:
+        """The network model's own objects: source classification and per-network checks.
+
+        A new connection's source is classified by one interval-map lookup into a chain
+        `from-<network>`, which lets it through to the frontends its network may reach (sets
+        filled by the plans) and sends it to `deny` otherwise, where only frontends are refused.
+        The node's own traffic is checked in output, as host-local (or no identity).
+        """
+        out = Rendered()
+        if not layout.enabled:
+            for name in ACCESS_CHAINS:
+                out.chains[name] = ()  # emptied, not deleted: the base chains jump to them
+            return out
+        out.chains["access"] = (
+            'iif "lo" return',  # the node's own traffic, checked in output already
+            "ip saddr vmap @source-networks-v4",
+            "ip6 saddr vmap @source-networks-v6",
+            "goto deny",  # no identity: reaches no frontend
+        )
+        host = f"goto from-{_h(layout.host_local)}" if layout.host_local else "goto deny"
+        out.chains["host-access"] = (
+            # A NodePort on the node's own address is never answered from the node itself.
+            *(
+                f"{self._nodeport_match(fam)} meta l4proto . th dport"
+                f" @controlled-nodeports-v{fam} drop"
+                for fam in FAMILIES
+            ),
+            host,
+        )
+        out.chains["unproxied"] = tuple(
+            f"{_ip(fam)} daddr @cluster-ips-v{fam} {_ip(fam)} daddr != @service-cidrs-v{fam} accept"
+            for fam in FAMILIES
+        )
+        for network in layout.networks:
+            h = _h(network)
+            rules = []
+            for fam in FAMILIES:
+                v, ip = f"v{fam}", _ip(fam)
+                for name, spec in (
+                    (f"reach-{h}-{v}", f"type {_addr_type(fam)} . inet_proto . inet_service;"),
+                    (f"reach-nodeports-{h}-{v}", "type inet_proto . inet_service;"),
+                ):
+                    out.sets[name] = spec
+                rules.append(f"{ip} daddr . meta l4proto . th dport @reach-{h}-{v} return")
+                rules.append(
+                    f"{self._nodeport_match(fam)} meta l4proto . th dport"
+                    f" @reach-nodeports-{h}-{v} return"
+                )
+            rules.append("goto deny")
+            out.chains[f"from-{h}"] = tuple(rules)
+            if SAFE_COMMENT.match(network):
+                out.comments[f"from-{h}"] = network
+        for fam, first, last, network in layout.ranges:
+            span = first if first == last else f"{first}-{last}"
+            out.element(f"source-networks-v{fam}", f"{span} : goto from-{_h(network)}")
         return out
 
     def _render_data(self, plan: Any, out: Rendered) -> None:
@@ -483,9 +572,15 @@ class Renderer:
                 f"  map no-endpoint-nodeports-{v} {{ type inet_proto . inet_service : verdict; }}",
                 f"  set cluster-ips-{v} {{ type {at}; }}",
                 f"  set hairpin-{v} {{ typeof {ip} saddr . {ip} daddr; }}",
-                f"  set cluster-cidrs-{v} {{ type {at}; flags interval; {self._elements(fam, 1)}}}",
+                f"  set cluster-cidrs-{v} {{ type {at}; flags interval; "
+                f"{self._elements(fam, self.s.cluster_cidrs)}}}",
                 f"  set nodeport-cidrs-{v} {{ type {at}; flags interval; "
-                f"{self._elements(fam, 2)}}}",
+                f"{self._elements(fam, self._nodeport_cidrs())}}}",
+                f"  set service-cidrs-{v} {{ type {at}; flags interval; "
+                f"{self._elements(fam, self.s.service_cidrs)}}}",
+                f"  set controlled-{v} {{ type {at} . inet_proto . inet_service; }}",
+                f"  set controlled-nodeports-{v} {{ type inet_proto . inet_service; }}",
+                f"  map source-networks-{v} {{ type {at} : verdict; flags interval; }}",
             ]
         lines += [
             "  chain mark-for-masquerade {",
@@ -534,7 +629,18 @@ class Renderer:
                 f"    {ip} daddr . meta l4proto . th dport @firewall-ips-{v}"
                 f" {ip} daddr . meta l4proto . th dport . {ip} saddr != @firewall-allow-{v} drop"
             )
-        lines += ["  }", "  chain cluster-ips-check {"]
+        lines += ["  }", "  chain deny {"]
+        for fam in FAMILIES:
+            ip, v = _ip(fam), f"v{fam}"
+            lines.append(f"    {ip} daddr . meta l4proto . th dport @controlled-{v} {DENY}")
+            lines.append(
+                f"    {self._nodeport_match(fam)} meta l4proto . th dport"
+                f" @controlled-nodeports-{v} {DENY}"
+            )
+        lines += ["  }"]
+        for name in ACCESS_CHAINS:
+            lines += [f"  chain {name} {{", "  }"]
+        lines += ["  chain cluster-ips-check {"]
         for fam in FAMILIES:
             ip, v = _ip(fam), f"v{fam}"
             # A ClusterIP answers only on its service ports: anything else is refused.
@@ -543,6 +649,7 @@ class Renderer:
             "  }",
             "  chain filter-prerouting {",
             "    type filter hook prerouting priority -110; policy accept;",
+            "    ct state new jump access",
             "    ct state new jump firewall-check",
             "  }",
             "  chain filter-input {",
@@ -557,11 +664,14 @@ class Renderer:
             "  }",
             "  chain filter-output {",
             "    type filter hook output priority -110; policy accept;",
+            "    ct state new jump unproxied",
+            "    ct state new jump host-access",
             "    ct state new jump service-endpoints-check",
             "    ct state new jump firewall-check",
             "  }",
             "  chain filter-output-post-dnat {",
             "    type filter hook output priority -90; policy accept;",
+            "    ct state new jump unproxied",
             "    ct state new jump cluster-ips-check",
             "  }",
             "  chain nat-prerouting {",
@@ -570,6 +680,7 @@ class Renderer:
             "  }",
             "  chain nat-output {",
             "    type nat hook output priority -100; policy accept;",
+            "    jump unproxied",
             "    jump services",
             "  }",
             "  chain nat-postrouting {",
@@ -588,13 +699,12 @@ class Renderer:
         """The chains base() declares."""
         return {line.split()[1] for line in self.base() if line.startswith("  chain ")}
 
-    def _elements(self, family: int, which: int) -> str:
-        if which == 1:
-            cidrs = self.s.cluster_cidrs
-        elif self.s.node_port_primary:
-            cidrs = tuple(f"{a}/{32 if ':' not in a else 128}" for a in self.node_addresses)
-        else:
-            cidrs = self.s.node_port_cidrs
+    def _nodeport_cidrs(self) -> tuple[str, ...]:
+        if self.s.node_port_primary:
+            return tuple(f"{a}/{32 if ':' not in a else 128}" for a in self.node_addresses)
+        return self.s.node_port_cidrs
+
+    def _elements(self, family: int, cidrs: tuple[str, ...]) -> str:
         mine = self._cidrs(cidrs, family)
         return f"elements = {{ {', '.join(mine)} }}; " if mine else ""
 
@@ -629,6 +739,9 @@ class NftablesBackend:
         self.renderer = Renderer(settings)
         self._refs: Counter[tuple[str, str]] = Counter()  # shared element -> plans holding it
         self._shared_chains: set[str] = set()
+        # The network model's objects: as programmed, and as the next sync should make them.
+        self._layout = self._programmed_layout = NetworkLayout()
+        self._networks = self.renderer.render_networks(self._layout)
         # The affinity ids of a previous process are unknown: its remembered endpoints are
         # dropped by this process's first full sync, then kept by every later one.
         self._synced = False
@@ -663,6 +776,8 @@ class NftablesBackend:
         shared = merged.needs | set(self.renderer.precreated())
         for name in shared:
             merged.chains[name] = self.renderer.shared_chain(name)
+        networks = self.renderer.render_networks(self._layout)
+        _merge_into(merged, networks)
         tx = Transaction()
         t = self.settings.table
         existing = self.nft.list_table(self.family, t, terse=True)
@@ -686,11 +801,19 @@ class NftablesBackend:
                 for name, kind in sorted(containers.items())
                 if name.startswith("aff-") and name not in merged.sets
             )
+        # nft 1.0.6 refuses an interval map element naming a chain declared after the map in
+        # the same batch, so the network chains are declared before the table's skeleton.
+        tx.add(f"add table inet {t}")
+        tx.extend(
+            self._chain_decl(name, networks.comments.get(name))
+            for name in sorted(networks.chains.keys() - set(ACCESS_CHAINS))
+        )
         tx.extend(self.renderer.base())
         self._add_objects(tx, merged)
         self.nft.apply(tx)
         self._refs = refs
         self._shared_chains = shared
+        self._networks, self._programmed_layout = networks, self._layout
         self._synced = True
         if self.conntrack is not None and changes is not None:
             self.conntrack.delete_udp(stale_udp_filters(changes))
@@ -712,6 +835,11 @@ class NftablesBackend:
             r = self.renderer.render(plan)
             delta.update(r.shared)
             _merge_into(new, r)
+        networks = self._networks
+        if self._layout != self._programmed_layout:
+            networks = self.renderer.render_networks(self._layout)
+            _merge_into(old, self._networks)
+            _merge_into(new, networks)
         tx = Transaction()
         t = self.settings.table
         # 1. New sets and chains exist before anything refers to them.
@@ -760,6 +888,7 @@ class NftablesBackend:
         for name in sorted(old.sets.keys() - new.sets.keys()):
             tx.add(f"delete set inet {t} {name}")
         self.nft.apply(tx)
+        self._networks, self._programmed_layout = networks, self._layout
         still = {after.id for _, after in changes.updated if _needs_id(after)}
         for plan in (*changes.removed, *(before for before, _ in changes.updated)):
             if _needs_id(plan) and plan.id not in still:
@@ -785,6 +914,11 @@ class NftablesBackend:
             return False
         self.renderer.node_addresses = addresses
         return True
+
+    def networks_changed(self, layout: NetworkLayout) -> bool:
+        """The network model changed; True when the kernel needs a sync for it."""
+        self._layout = layout
+        return layout != self._programmed_layout
 
     def cleanup(self) -> bool:
         """Remove everything this backend made (the whole table)."""

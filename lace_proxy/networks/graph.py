@@ -15,6 +15,7 @@ them, not thousands); what it answers per service is cheap.
 from __future__ import annotations
 
 import ipaddress
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,27 @@ from lace_proxy.model.lace import (
 )
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True)
+class NetworkLayout:
+    """What the kernel needs of the network model besides the plans.
+
+    How to classify a packet's source (disjoint address ranges, each with its network: the
+    longest-prefix match precomputed, since an nftables interval map refuses overlaps), which
+    network locally originated traffic belongs to, and, for policy routes, the pod networks'
+    prefixes and those of them node-originated traffic may enter. Empty: no network model.
+    """
+
+    networks: tuple[str, ...] = ()
+    host_local: str | None = None
+    ranges: tuple[tuple[int, str, str, str], ...] = ()  # (family, first, last, network)
+    pod_prefixes: tuple[tuple[str, str], ...] = ()  # (prefix, network)
+    host_peers: tuple[str, ...] = ()  # pod networks host-local is peered to
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.networks)
 
 
 @dataclass(frozen=True)
@@ -132,6 +154,47 @@ class NetworkGraph:
                 continue
             allowed |= self._select(policy.src_selector)
         return frozenset(allowed)
+
+    def layout(self) -> NetworkLayout:
+        """The model as the kernel needs it (see NetworkLayout)."""
+        if not self.enabled:
+            return NetworkLayout()
+        ranges: list[tuple[int, str, str, str]] = []
+        for family in (4, 6):
+            ranges.extend(self._ranges(family))
+        pod = sorted((str(p), name) for p, name in self._pod_prefixes)
+        peers = self.peers(self.host_local) if self.host_local else frozenset()
+        return NetworkLayout(
+            networks=tuple(sorted(self.networks)),
+            host_local=self.host_local,
+            ranges=tuple(ranges),
+            pod_prefixes=tuple(pod),
+            host_peers=tuple(sorted(n for n in peers if n in {name for _, name in pod})),
+        )
+
+    def _ranges(self, family: int) -> list[tuple[int, str, str, str]]:
+        """Disjoint (family, first, last, network) ranges that classify as `classify` does.
+
+        Every prefix's bounds split the address space into pieces no prefix boundary
+        crosses, so one lookup per piece classifies all of it; neighbours of one network merge.
+        """
+        make = ipaddress.IPv4Address if family == 4 else ipaddress.IPv6Address
+        bounds: set[int] = set()
+        for prefix, _ in (*self._pod_prefixes, *self._external_prefixes):
+            if prefix.version == family:
+                bounds.add(int(prefix.network_address))
+                bounds.add(int(prefix.broadcast_address) + 1)
+        edges = sorted(bounds)
+        pieces: list[list[Any]] = []
+        for start, end in itertools.pairwise(edges):
+            network = self.classify(str(make(start)))
+            if network is None:
+                continue
+            if pieces and pieces[-1][2] == network and pieces[-1][1] == start - 1:
+                pieces[-1][1] = end - 1
+            else:
+                pieces.append([start, end - 1, network])
+        return [(family, str(make(a)), str(make(b)), n) for a, b, n in pieces]
 
     def contains(self, network: str, address: str) -> bool:
         """Whether an endpoint address lies in a network's prefixes."""

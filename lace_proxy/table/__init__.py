@@ -12,6 +12,7 @@ from lace_proxy.table.changeset import (
     EXTERNAL_IP,
     LOAD_BALANCER,
     NODE_PORT,
+    Access,
     Changeset,
     Frontend,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "IMPLEMENTATION",
     "LOAD_BALANCER",
     "NODE_PORT",
+    "Access",
     "Backend",
     "Changeset",
     "Frontend",

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from lace_proxy.model.endpointslice import Endpoint, EndpointSlice
 from lace_proxy.model.service import Service
-from lace_proxy.table.changeset import Changeset, Frontend, plan_frontends
+from lace_proxy.table.changeset import Access, Changeset, Frontend, plan_frontends
 from lace_proxy.table.claims import (
     Claims,
     FrontendKey,
@@ -46,6 +46,7 @@ class Plan(NamedTuple):
     and for short-circuited in-cluster traffic to external addresses); `local_backends` are
     this node's endpoints, for the Local policies. A verdict of "reject"/"drop" replaces
     load balancing for internal (ClusterIP) or external (NodePort, ExternalIP, LB) traffic.
+    `access` says which Lace networks may reach the frontends (None: no network model).
     """
 
     id: str
@@ -67,6 +68,7 @@ class Plan(NamedTuple):
     internal_verdict: str | None
     external_verdict: str | None
     health_check_node_port: int
+    access: Access | None = None
 
     @property
     def internal_backends(self) -> tuple[Backend, ...]:
@@ -120,6 +122,7 @@ class ServiceTable:
         self._generation = 0
         self._pending: dict[str, tuple[int, dict[str, Plan]]] = {}
         self._claims = Claims()
+        self._access: dict[str, Access] = {}
 
     @property
     def node_name(self) -> str:
@@ -147,9 +150,20 @@ class ServiceTable:
         self._mark(svc.key)
 
     def delete_service(self, key: str) -> None:
+        self._access.pop(key, None)
         if self._services.pop(key, None) is not None:
             self._claim(key, frozenset())
             self._mark(key)
+
+    def set_access(self, key: str, access: Access | None) -> None:
+        """Who may reach a service (from the network model); None lifts every restriction."""
+        if self._access.get(key) == access:
+            return
+        if access is None:
+            del self._access[key]
+        else:
+            self._access[key] = access
+        self._mark(key)
 
     def _claim(self, key: str, keys: frozenset[FrontendKey]) -> None:
         was = self._claims.losers.get(key)
@@ -185,6 +199,9 @@ class ServiceTable:
 
     def service(self, key: str) -> Service | None:
         return self._services.get(key)
+
+    def service_keys(self) -> list[str]:
+        return list(self._services)
 
     def slices_of(self, service_key: str) -> list[EndpointSlice]:
         return list(self._slices_by_service.get(service_key, {}).values())
@@ -247,6 +264,7 @@ class ServiceTable:
             return {}
         merged = self._merge(self._slices_by_service.get(key, {}))
         plans: dict[str, Plan] = {}
+        access = self._access.get(key)
         external_capable = svc.type in ("NodePort", "LoadBalancer")
         for cluster_ip in svc.cluster_ips:
             family = _family(cluster_ip)
@@ -297,6 +315,7 @@ class ServiceTable:
                     internal_verdict,
                     external_verdict,
                     svc.health_check_node_port if external_local else 0,
+                    access,
                 )
         return plans
 

@@ -36,6 +36,17 @@ class Frontend(NamedTuple):
     affinity_timeout: int
 
 
+class Access(NamedTuple):
+    """Who may reach a service port under the Lace network model (a plan without one: anyone).
+
+    `network` is the network the service is bound to (None: bound to none, so it carries
+    nothing); `sources` are the source networks allowed to reach its frontends, sorted.
+    """
+
+    network: str | None
+    sources: tuple[str, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class Changeset:
     """Plans added, removed and updated (old, new) since the last committed build.

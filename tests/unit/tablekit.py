@@ -61,4 +61,5 @@ def plan_view(plan: Any) -> tuple[Any, ...]:
         plan.internal_verdict,
         plan.external_verdict,
         plan.health_check_node_port,
+        plan.access,
     )

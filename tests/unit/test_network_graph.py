@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
+import itertools
+import random
 from typing import Any
 
 import pytest
@@ -9,21 +12,7 @@ import pytest
 from lace_proxy.model import parse_object
 from lace_proxy.networks import NetworkGraph, ServiceRef
 
-GV = "lace-cni.io/v1alpha1"
-
-
-def net(name: str, type: str, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": GV,
-        "kind": "Network",
-        "metadata": {"name": name},
-        "spec": {"type": type, **spec},
-    }
-
-
-def selector(network: str) -> dict[str, Any]:
-    return {"matchLabels": {"lace-cni.io/network": network}}
-
+from ..lacekit import GV, net, selector
 
 NETWORKS = [
     net(
@@ -140,3 +129,32 @@ def test_pod_only_bindings_do_not_bind_services() -> None:
     assert (
         graph(pods_only).service_binding(ServiceRef("kube-system", "lace-node-metrics", {})) is None
     )
+
+
+def test_layout_ranges_classify_every_address_as_the_graph_does() -> None:
+    """The disjoint ranges the kernel matches agree with longest-prefix classification."""
+    g = graph(
+        net("campus", "external", externalPrefixes=["10.0.0.0/8", "fd00::/8"]),
+        net("lab", "external", externalPrefixes=["10.250.0.128/25"]),
+    )
+    layout = g.layout()
+    for family in (4, 6):
+        ranges = [
+            (int(ipaddress.ip_address(a)), int(ipaddress.ip_address(b)), n)
+            for f, a, b, n in layout.ranges
+            if f == family
+        ]
+        assert all(prev[1] < nxt[0] for prev, nxt in itertools.pairwise(ranges))  # disjoint
+        bits = 32 if family == 4 else 128
+        rng = random.Random(family)
+        probes = [rng.getrandbits(bits) for _ in range(2000)]
+        for a, b, _ in ranges:  # every boundary and its neighbours
+            probes += [a, b, max(a - 1, 0), min(b + 1, 2**bits - 1)]
+        make = ipaddress.IPv4Address if family == 4 else ipaddress.IPv6Address
+        for value in probes:
+            expected = g.classify(str(make(value)))
+            found = next((n for a, b, n in ranges if a <= value <= b), None)
+            assert found == expected, make(value)
+    assert layout.host_local == "host-local" and layout.host_peers == ()
+    assert graph(HOST_LOCAL_PEERING).layout().host_peers == ("default",)
+    assert NetworkGraph([]).layout().enabled is False

@@ -8,7 +8,7 @@ from typing import Any
 
 from lace_proxy.model.endpointslice import EndpointPort
 from lace_proxy.model.service import ServicePort
-from lace_proxy.table.changeset import CLUSTER_IP, EXTERNAL_IP, LOAD_BALANCER, NODE_PORT
+from lace_proxy.table.changeset import CLUSTER_IP, EXTERNAL_IP, LOAD_BALANCER, NODE_PORT, Access
 
 from .tablekit import ep, eps, plan_view, svc
 
@@ -594,3 +594,33 @@ def test_twins_agree_through_random_updates() -> None:
                     )
             if views:
                 assert views[0] == views[1], f"seed {seed}, step {step}"
+
+
+def test_access_is_part_of_every_plan_and_a_change_of_it_alone_is_an_update(
+    twin: ModuleType,
+) -> None:
+    table = built(twin, svc(ips=("10.96.0.10", "fd00::10")), eps(ep("10.0.0.1")))
+    assert all(p.access is None for p in table.plans())
+    web = Access("default", ("default",))
+    table.set_access("default/web", web)
+    assert table.pending == 1
+    changes = table.build()
+    assert len(changes.updated) == 2 and not changes.added and not changes.removed
+    assert {new.access for _, new in changes.updated} == {web}
+    table.commit()
+    table.set_access("default/web", web)  # the same again: nothing to recompute
+    assert table.pending == 0
+    table.set_access("default/web", Access("default", ("default", "internet")))
+    ((_, new), _) = table.build().updated
+    assert new.access.sources == ("default", "internet")
+    table.commit()
+    table.set_access("default/web", None)
+    assert all(new.access is None for _, new in table.build().updated)
+    table.commit()
+    # Deleting the service forgets its access: a new service of that name starts open.
+    table.set_access("default/web", web)
+    table.delete_service("default/web")
+    table.upsert_service(svc())
+    table.build()
+    table.commit()
+    assert only_plan(table).access is None
