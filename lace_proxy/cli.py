@@ -17,6 +17,7 @@ from lace_proxy.config import ConfigError, ProxyConfig, add_config_flags, config
 from lace_proxy.dataplane.conntrack import Conntrack
 from lace_proxy.dataplane.nft import Nft, NftError
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.dataplane.routes import PolicyRoutes, RoutingSettings
 from lace_proxy.health import ProxierHealth, ProxyServers, ServiceHealthServers
 from lace_proxy.metrics import ProxyMetrics
 from lace_proxy.model import Rejections
@@ -45,6 +46,16 @@ def nftables_settings(cfg: ProxyConfig) -> NftablesSettings:
         cluster_cidrs=cluster,
         node_port_cidrs=node_ports,
         node_port_primary=primary,
+        service_cidrs=tuple(str(n) for n in cfg.lace.service_cidrs),
+    )
+
+
+def routing_settings(cfg: ProxyConfig) -> RoutingSettings:
+    """The policy routes' view of the configuration."""
+    return RoutingSettings(
+        table=cfg.lace.routing.table,
+        priority=cfg.lace.routing.priority,
+        service_cidrs=tuple(str(n) for n in cfg.lace.service_cidrs),
     )
 
 
@@ -92,6 +103,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         metrics=metrics,
         health=health,
         service_health=service_health,
+        routes=PolicyRoutes(routing_settings(cfg)),
     )
     if name == FILES:
         source = ManifestSource(where, proxier, rejections, interval=args.poll_interval)
@@ -232,6 +244,12 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     backend = NftablesBackend(nftables_settings(cfg), Nft())
     removed = backend.cleanup()
     print(f"nftables table inet {backend.table}: {'removed' if removed else 'not present'}")
+    routing = routing_settings(cfg)
+    count = PolicyRoutes(routing).cleanup()
+    print(
+        f"policy rules at priority {routing.priority} and routes in table {routing.table}:"
+        f" {count} removed"
+    )
     return 0
 
 

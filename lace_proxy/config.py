@@ -229,12 +229,25 @@ class LaceNFTablesConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LaceRoutingConfig:
+    """lace.routing: the policy rule and table steering the node's service traffic.
+
+    The rules at `priority` and the routing table `table` are lace-proxy's; pick values no
+    other agent on the node uses.
+    """
+
+    table: int = 1450
+    priority: int = 1450
+
+
+@dataclass(frozen=True, slots=True)
 class LaceConfig:
     """lace: lace-proxy's own settings, which kube-proxy has no field for."""
 
     manifests: str | None = None  # a path of Service/EndpointSlice manifests to serve
     nftables: LaceNFTablesConfig = field(default_factory=LaceNFTablesConfig)
     service_cidrs: tuple[IPNetwork, ...] = ()
+    routing: LaceRoutingConfig = field(default_factory=LaceRoutingConfig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -452,6 +465,14 @@ def _ifname(value: object) -> str:
     return text
 
 
+def _routing_table(value: object) -> int:
+    """A routing table of lace-proxy's own: not unspec (0), default, main or local (253-255)."""
+    table = _integer(1, 2**31 - 1)(value)
+    if table in (253, 254, 255):
+        raise _bad(value, "a routing table other than the kernel's default/main/local (253-255)")
+    return table
+
+
 def _table_name(value: object) -> str:
     text = _string(value)
     if not _TABLE_NAME.fullmatch(text):
@@ -528,6 +549,10 @@ _SCHEMA: _Schema = {
             "family": _Field(_choice(NFTABLES_FAMILIES)),
         },
         "serviceCIDRs": _CIDRS_FIELD,
+        "routing": {
+            "table": _Field(_routing_table),
+            "priority": _Field(_integer(1, 32765)),
+        },
     },
 }
 
@@ -698,6 +723,7 @@ def load_config(path: str | None, overrides: Mapping[str, object] | None = None)
         "client_connection": _section(ClientConnectionConfig, merged.pop("clientConnection", {})),
         "lace": LaceConfig(
             nftables=_section(LaceNFTablesConfig, lace.pop("nftables", {})),
+            routing=_section(LaceRoutingConfig, lace.pop("routing", {})),
             **{_snake(key): value for key, value in lace.items()},
         ),
         **{_snake(key): value for key, value in merged.items()},

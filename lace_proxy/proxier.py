@@ -15,10 +15,11 @@ import logging
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from lace_proxy.dataplane.nftables import FullSyncRequired
+from lace_proxy.dataplane.routes import PolicyRoutes
 from lace_proxy.health import (
     HealthCheckPorts,
     ProxierHealth,
@@ -69,6 +70,7 @@ class Proxier:
         metrics: ProxyMetrics | None = None,
         health: ProxierHealth | None = None,
         service_health: ServiceHealthServers | None = None,
+        routes: PolicyRoutes | None = None,
     ) -> None:
         self.table = table
         self.dataplane = dataplane
@@ -90,6 +92,12 @@ class Proxier:
         self._wake = asyncio.Event()
         self._need_full = True
         self._dataplane_pending = False  # the dataplane has a change of its own to program
+        # Policy routes for the node's own service traffic: they follow the network model
+        # and the node's addresses; nftables also needs the node's podCIDRs.
+        self.routes = routes
+        self._routes_pending = routes is not None
+        self._node_pod_cidrs: tuple[str, ...] = ()
+        self._node_addresses: tuple[str, ...] = ()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataplane")
 
     # -- change tracker (called by sources, on the loop) --
@@ -172,6 +180,7 @@ class Proxier:
             internal = tuple(a for kind, a in node.addresses if kind == "InternalIP")
             if self.dataplane.node_addresses_changed(internal):
                 self._need_full = True
+            self._node_changed(node.pod_cidrs, internal)
             self._queued()
 
     def node_deleted(self, name: str) -> None:
@@ -180,7 +189,13 @@ class Proxier:
             self.health.node_eligible(False)
             if self.dataplane.node_addresses_changed(()):
                 self._need_full = True
+            self._node_changed((), ())
             self._queued()
+
+    def _node_changed(self, pod_cidrs: tuple[str, ...], addresses: tuple[str, ...]) -> None:
+        if (pod_cidrs, addresses) != (self._node_pod_cidrs, self._node_addresses):
+            self._node_pod_cidrs, self._node_addresses = pod_cidrs, addresses
+            self._layout_changed()
 
     def lace_upserted(self, obj: LaceObject) -> None:
         self.lace[(obj.kind, obj.key)] = obj
@@ -198,9 +213,18 @@ class Proxier:
         same_mode = was_enabled == self.networks.enabled
         for service_key in {*self.table.service_keys(), *self.networks.bindings}:
             self._narrow(service_key, only_if_changed=same_mode)
-        if self.dataplane.networks_changed(self.networks.graph.layout()):
-            self._dataplane_pending = True
+        self._layout_changed()
         self._queued()
+
+    def _layout(self) -> NetworkLayout:
+        """The network model as the kernel needs it, with this node's podCIDRs."""
+        layout = self.networks.graph.layout()
+        return replace(layout, local_pod_cidrs=self._node_pod_cidrs) if layout.enabled else layout
+
+    def _layout_changed(self) -> None:
+        if self.dataplane.networks_changed(self._layout()):
+            self._dataplane_pending = True
+        self._routes_pending = self.routes is not None
 
     def synced(self, source: str) -> None:
         self._waiting_for.discard(source)
@@ -284,6 +308,11 @@ class Proxier:
                     self._executor, self.dataplane.full_sync, plans, changes
                 )
                 self.stats.full_syncs += 1
+            if self.routes is not None and (full or self._routes_pending):
+                self._routes_pending = False  # before the await: a change meanwhile sets it
+                count += await loop.run_in_executor(
+                    self._executor, self.routes.sync, self._layout(), self._node_addresses
+                )
         except Exception as exc:  # the kernel refused: keep serving what is programmed
             self._need_full = True
             self.stats.failures += 1

@@ -58,7 +58,7 @@ def service_routing(
     }
 
 
-def service_binding(name: str, network: str, **selector: Any) -> dict[str, Any]:
+def service_binding(name: str, network: str, selector: dict[str, Any]) -> dict[str, Any]:
     """A NetworkBindingPolicy binding the services `selector` picks to `network`."""
     return {
         "apiVersion": GV,

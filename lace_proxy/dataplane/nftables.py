@@ -211,8 +211,7 @@ class Renderer:
             key = f"{plan.protocol.lower()} . {plan.port}"
             # Per frontend (one owner each: claims), and without overlaps, which an
             # interval set refuses.
-            nets = [ipaddress.ip_network(c) for c in plan.lb_source_ranges]
-            ranges = [str(n) for n in ipaddress.collapse_addresses(nets)]  # type: ignore[arg-type]
+            ranges = _collapsed(plan.lb_source_ranges)
             for address in plan.lb_ips:
                 out.element(f"firewall-ips-{v}", f"{address} . {key}")
                 for cidr in ranges:
@@ -269,8 +268,21 @@ class Renderer:
                 f" @controlled-nodeports-v{fam} drop"
                 for fam in FAMILIES
             ),
+            # Pod networks host-local is not peered to, except this node's own pods.
+            *(
+                f"{_ip(fam)} daddr @host-unpeered-v{fam}"
+                f" {_ip(fam)} daddr != @local-pod-cidrs-v{fam} {DENY}"
+                for fam in FAMILIES
+            ),
             host,
         )
+        unpeered = [p for p, n in layout.pod_prefixes if n not in layout.host_peers]
+        for name, cidrs in (
+            ("host-unpeered", unpeered),
+            ("local-pod-cidrs", layout.local_pod_cidrs),
+        ):
+            for cidr in _collapsed(cidrs):
+                out.element(f"{name}-v{ipaddress.ip_network(cidr).version}", cidr)
         out.chains["unproxied"] = tuple(
             f"{_ip(fam)} daddr @cluster-ips-v{fam} {_ip(fam)} daddr != @service-cidrs-v{fam} accept"
             for fam in FAMILIES
@@ -581,6 +593,8 @@ class Renderer:
                 f"  set controlled-{v} {{ type {at} . inet_proto . inet_service; }}",
                 f"  set controlled-nodeports-{v} {{ type inet_proto . inet_service; }}",
                 f"  map source-networks-{v} {{ type {at} : verdict; flags interval; }}",
+                f"  set host-unpeered-{v} {{ type {at}; flags interval; }}",
+                f"  set local-pod-cidrs-{v} {{ type {at}; flags interval; }}",
             ]
         lines += [
             "  chain mark-for-masquerade {",
@@ -980,6 +994,16 @@ def _names(raw: dict[str, Any]) -> tuple[set[str], dict[str, str]]:
         elif "set" in item:
             containers[item["set"]["name"]] = "set"
     return chains, containers
+
+
+def _collapsed(cidrs: Iterable[str]) -> list[str]:
+    """CIDRs without overlaps (an interval set refuses them), per family."""
+    nets = [ipaddress.ip_network(c, strict=False) for c in cidrs]
+    out: list[str] = []
+    for version in FAMILIES:
+        mine = [n for n in nets if n.version == version]
+        out += [str(n) for n in ipaddress.collapse_addresses(mine)]  # type: ignore[arg-type]
+    return out
 
 
 def _allows_all(ranges: tuple[str, ...]) -> bool:

@@ -40,6 +40,8 @@ class NetworkLayout:
     longest-prefix match precomputed, since an nftables interval map refuses overlaps), which
     network locally originated traffic belongs to, and, for policy routes, the pod networks'
     prefixes and those of them node-originated traffic may enter. Empty: no network model.
+    `local_pod_cidrs` are this node's podCIDRs (a node fact the proxier adds): the node
+    reaches its own pods whatever the peering, for kubelet probes.
     """
 
     networks: tuple[str, ...] = ()
@@ -47,6 +49,7 @@ class NetworkLayout:
     ranges: tuple[tuple[int, str, str, str], ...] = ()  # (family, first, last, network)
     pod_prefixes: tuple[tuple[str, str], ...] = ()  # (prefix, network)
     host_peers: tuple[str, ...] = ()  # pod networks host-local is peered to
+    local_pod_cidrs: tuple[str, ...] = ()
 
     @property
     def enabled(self) -> bool:

@@ -62,7 +62,7 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures.thread import BrokenThreadPool
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Literal, TypeVar
+from typing import IO, Literal, Self, TypeVar
 
 # Address plan: private ranges only, the same in every testbed (each has its own namespaces).
 UPLINK_NODE4, UPLINK_NODE6 = "10.250.0.1", "fd00:250::1"
@@ -73,6 +73,7 @@ POD_CIDR4, POD_CIDR6 = "10.251.0.0/24", "fd00:251::/64"
 POD_GATEWAY4, POD_GATEWAY6 = "10.251.0.1", "fd00:251::1"
 SERVICE_CIDR4, SERVICE_CIDR6 = "10.96.0.0/16", "fd00:96::/112"
 EXTERNAL_CIDR4, EXTERNAL_CIDR6 = "10.252.0.0/24", "fd00:252::/64"  # LoadBalancer / external IPs
+FABRIC4 = "10.250.0.254"  # the two-node testbed's router and sink (cluster.py)
 
 DEFAULT_PORTS = (80, 8080, 30080)
 MAX_PODS = 99  # keeps namespace names within IFNAMSIZ-1 (15) characters
@@ -81,6 +82,13 @@ SOURCE_PORTS = range(20000, 30000)  # below the ephemeral range and the NodePort
 # (ICMP type, code) that gw uses for "left the node untouched".
 ESCAPE_ICMP4 = (3, 9)  # destination unreachable, network administratively prohibited
 ESCAPE_ICMP6 = (1, 6)  # destination unreachable, reject route to destination
+# Every sink's ICMP sender and the (type, code) it rejects with: an error from one of these,
+# and only with that type and code, means "escaped". No other host uses these addresses.
+SINK_ICMP: dict[str, tuple[int, int]] = {
+    GW4: ESCAPE_ICMP4,
+    GW6: ESCAPE_ICMP6,
+    FABRIC4: ESCAPE_ICMP4,
+}
 
 SERVER_SCRIPT = Path(__file__).with_name("servers.py")
 
@@ -100,7 +108,10 @@ IPV6_RECVERR = 25
 SO_EE_ORIGIN_ICMP, SO_EE_ORIGIN_ICMP6 = 2, 3
 SOCK_EXTENDED_ERR = struct.Struct("=IBBBBII")  # errno, origin, type, code, pad, info, data
 
-_NAME_PATTERN = re.compile(r"lp([0-9a-f]+)\.[0-9a-f]+(?:N|C|G|P[0-9]+)")
+# "lp<pid hex>.<testbed no hex><role>". Testbed's roles: N(ode), C(lient), G(w), P<i> (pods).
+# ClusterTestbed's: F(abric), Xf and Xn (the far and near clients), Na and Nb (nodes), and
+# Pa1 Pa2 Pab Pb1 Pbb (pods: the node's letter, then the pod's number or b for blue).
+_NAME_PATTERN = re.compile(r"lp([0-9a-f]+)\.[0-9a-f]+(?:N|C|G|P[0-9]+|F|X[fn]|N[ab]|P[ab][12b])")
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _testbeds = itertools.count()
 T = TypeVar("T")
@@ -214,9 +225,10 @@ class Icmp:
 class Result:
     """How one request ended.
 
-    outcome: "reply"; "refused" (TCP RST, or an ICMP error from anyone but gw; errno and icmp
-    say which); "escaped" (gw's sink rejected it: it left the node untranslated); "timeout";
-    "error" (anything else, e.g. no local route or a malformed reply; see detail).
+    outcome: "reply"; "refused" (TCP RST, or an ICMP error from anyone but a sink; errno and
+    icmp say which); "escaped" (a sink, gw or the cluster's fabric, rejected it: it left the
+    node untranslated); "timeout"; "error" (anything else, e.g. no local route or a malformed
+    reply; see detail).
     """
 
     outcome: Outcome
@@ -260,10 +272,7 @@ def _failed(sock: socket.socket, exc: OSError, started: float) -> Result:
     elapsed = time.monotonic() - started
     icmp = _queued_icmp(sock)
     if icmp is not None:
-        escaped = (icmp.sender, (icmp.type, icmp.code)) in (
-            (GW4, ESCAPE_ICMP4),
-            (GW6, ESCAPE_ICMP6),
-        )
+        escaped = SINK_ICMP.get(icmp.sender) == (icmp.type, icmp.code)
         return Result("escaped" if escaped else "refused", None, name, icmp, elapsed)
     if exc.errno == errno.ECONNREFUSED:
         return Result("refused", None, name, None, elapsed)
@@ -399,40 +408,36 @@ def _sigint_deferred() -> Iterator[None]:
         signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
 
 
-class Testbed:
-    """Namespaces, links, addresses, routes and servers for one test (or a session).
+def _reachable(source: Where, ip: str, port: int, deadline: float) -> Result:
+    """A TCP request from source to ip:port, repeated while it times out (veths, and bridge
+    ports, come up asynchronously) until deadline; the last result."""
+    result = request_tcp(source, ip, port, 0.2)
+    while result.outcome == "timeout" and time.monotonic() < deadline:
+        result = request_tcp(source, ip, port, 0.2)
+    return result
+
+
+class TestbedBase:
+    """What every testbed shares: its namespaces, their workers, servers and teardown.
 
     Use as a context manager; everything is torn down on exit, also on exceptions and Ctrl-C.
-    Names are "lp<pid hex>.<testbed no hex><role>" (role N, C, G or P<i>), unique per process.
+    Names are "lp<pid hex>.<testbed no hex><role>", unique per process (one counter for every
+    kind of testbed) and matched by remove_stale_namespaces. Subclasses build in _build.
     """
 
     __test__ = False  # not a pytest test class despite the name
 
-    def __init__(
-        self,
-        pods: int = 2,
-        *,
-        ports: Sequence[int] = DEFAULT_PORTS,
-        client_routes_pods: bool = True,
-    ) -> None:
-        if not 0 <= pods <= MAX_PODS:
-            raise ValueError(f"pods must be 0..{MAX_PODS}")
+    def __init__(self, ports: Sequence[int]) -> None:
         if not ports:
             raise ValueError("servers need at least one port")
         self.ports = tuple(ports)
-        self.client_routes_pods = client_routes_pods
         self.prefix = f"lp{os.getpid():x}.{next(_testbeds):x}"
-        self._pod_count = pods
         self._names: list[str] = []
         self._netns: list[Netns] = []
         self._servers: list[_Server] = []
-        self.node: Host
-        self.client: Host
-        self.gw: Host
-        self.pods: list[Host] = []
         self.setup_seconds = 0.0
 
-    def __enter__(self) -> Testbed:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -466,12 +471,127 @@ class Testbed:
         self.setup_seconds = time.monotonic() - started
 
     def _build(self) -> None:
+        raise NotImplementedError
+
+    def _add_namespaces(self, roles: Sequence[str]) -> list[Netns]:
+        """Create one namespace per role, with its worker, in order.
+
+        The names are recorded before anything is created, so close() deletes even a half-made
+        set.
+        """
+        names = [self._name(role) for role in roles]
+        self._names += names
+        _run(["ip", "-batch", "-"], "".join(f"netns add {n}\n" for n in names))
+        created: list[Netns] = []
+        for name in names:
+            created.append(Netns(name))
+            self._netns.append(created[-1])
+        return created
+
+    def _start_servers(self, hosts: Sequence[Host]) -> None:
+        """One server per host, named like it on self.ports; started together, then awaited."""
+        for host in hosts:
+            self._servers.append(self._spawn(host, host.name, self.ports))
+        deadline = time.monotonic() + 10
+        for server in self._servers:
+            server.wait_ready(deadline)
+
+    def _spawn(
+        self, host: Host, name: str, ports: Sequence[int], http_ports: Sequence[int] = ()
+    ) -> _Server:
+        # A new session keeps a terminal's Ctrl-C away from servers; teardown stops them.
+        stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed by _Server.stop)
+        argv = ["ip", "netns", "exec", host.ns.name, sys.executable, "-I", "-S"]
+        argv += [str(SERVER_SCRIPT), name, *map(str, ports)]
+        if http_ports:
+            argv += ["--http", *map(str, http_ports)]
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            start_new_session=True,
+        )
+        return _Server(name, proc, stderr)
+
+    def serve(
+        self,
+        host: Host,
+        ports: Sequence[int],
+        name: str | None = None,
+        http_ports: Sequence[int] = (),
+    ) -> None:
+        """Start one more server (e.g. on extra ports, or HTTP ones); stopped at teardown."""
+        server = self._spawn(host, name or host.name, ports, http_ports)
+        self._servers.append(server)
+        server.wait_ready(time.monotonic() + 10)
+
+    def exec(
+        self, where: Where, argv: Sequence[str], *, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a command in a namespace (via `ip netns exec`, so /sys matches too)."""
+        full = ["ip", "netns", "exec", _netns(where).name, *argv]
+        proc = subprocess.run(full, input=input, capture_output=True, text=True, timeout=60)
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(full)} failed ({proc.returncode}): {proc.stderr}")
+        return proc
+
+    def close(self) -> None:
+        """Stop servers and workers, delete the namespaces. Safe to call more than once."""
+        with _sigint_deferred():
+            for server in self._servers:  # let them all exit at once, then reap them
+                with contextlib.suppress(OSError):
+                    assert server.proc.stdin is not None
+                    server.proc.stdin.close()
+            for server in self._servers:
+                server.stop()
+            self._servers.clear()
+            for ns in self._netns:
+                ns.close()
+            self._netns.clear()
+            if self._names:
+                dels = "".join(f"netns del {n}\n" for n in self._names)
+                subprocess.run(
+                    ["ip", "-force", "-batch", "-"],
+                    input=dels,
+                    text=True,
+                    capture_output=True,
+                    timeout=30,
+                )
+                left = set(self._names) & set(list_netns())
+                if left:
+                    raise RuntimeError(f"namespaces left behind: {sorted(left)}")
+                self._names = []
+
+
+class Testbed(TestbedBase):
+    """Namespaces, links, addresses, routes and servers for one test (or a session).
+
+    Roles: N (node), C (client), G (gw), P<i> (pods). See TestbedBase for the lifecycle.
+    """
+
+    __test__ = False  # not a pytest test class despite the name
+
+    def __init__(
+        self,
+        pods: int = 2,
+        *,
+        ports: Sequence[int] = DEFAULT_PORTS,
+        client_routes_pods: bool = True,
+    ) -> None:
+        if not 0 <= pods <= MAX_PODS:
+            raise ValueError(f"pods must be 0..{MAX_PODS}")
+        super().__init__(ports)
+        self.client_routes_pods = client_routes_pods
+        self._pod_count = pods
+        self.node: Host
+        self.client: Host
+        self.gw: Host
+        self.pods: list[Host] = []
+
+    def _build(self) -> None:
         roles = ["N", "C", "G"] + [f"P{i}" for i in range(1, self._pod_count + 1)]
-        self._names = [self._name(role) for role in roles]
-        _run(["ip", "-batch", "-"], "".join(f"netns add {n}\n" for n in self._names))
-        for name in self._names:
-            self._netns.append(Netns(name))
-        node_ns, client_ns, gw_ns, *pod_ns = self._netns
+        node_ns, client_ns, gw_ns, *pod_ns = self._add_namespaces(roles)
         self.node = Host("node", UPLINK_NODE4, UPLINK_NODE6, node_ns)
         self.client = Host("client", CLIENT4, CLIENT6, client_ns)
         self.gw = Host("gw", GW4, GW6, gw_ns)
@@ -488,11 +608,7 @@ class Testbed:
             _run(["ip", "-n", host.ns.name, "-batch", "-"], self._peer_batch(host))
         self.exec(self.gw, ["nft", "-f", "-"], input=GW_SINK_RULES)
 
-        for host in (self.node, self.client, *self.pods):
-            self._servers.append(self._spawn(host, host.name, self.ports))
-        deadline = time.monotonic() + 10
-        for server in self._servers:
-            server.wait_ready(deadline)
+        self._start_servers((self.node, self.client, *self.pods))
         self._wait_for_links()
 
     def _node_batch(self) -> str:
@@ -547,36 +663,6 @@ class Testbed:
             ]
         return "".join(f"{line}\n" for line in lines)
 
-    def _spawn(
-        self, host: Host, name: str, ports: Sequence[int], http_ports: Sequence[int] = ()
-    ) -> _Server:
-        # A new session keeps a terminal's Ctrl-C away from servers; teardown stops them.
-        stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed by _Server.stop)
-        argv = ["ip", "netns", "exec", host.ns.name, sys.executable, "-I", "-S"]
-        argv += [str(SERVER_SCRIPT), name, *map(str, ports)]
-        if http_ports:
-            argv += ["--http", *map(str, http_ports)]
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            start_new_session=True,
-        )
-        return _Server(name, proc, stderr)
-
-    def serve(
-        self,
-        host: Host,
-        ports: Sequence[int],
-        name: str | None = None,
-        http_ports: Sequence[int] = (),
-    ) -> None:
-        """Start one more server (e.g. on extra ports, or HTTP ones); stopped at teardown."""
-        server = self._spawn(host, name or host.name, ports, http_ports)
-        self._servers.append(server)
-        server.wait_ready(time.monotonic() + 10)
-
     def _wait_for_links(self) -> None:
         """Wait until every link passes traffic (veths come up asynchronously), and check it.
 
@@ -587,48 +673,9 @@ class Testbed:
         expected = {ip: "reply" for h in (self.client, *self.pods) for ip in (h.ipv4, h.ipv6)}
         expected |= {GW4: "refused", GW6: "refused"}
         for ip, outcome in expected.items():
-            result = request_tcp(self.node, ip, self.ports[0], 0.2)
-            while result.outcome == "timeout" and time.monotonic() < deadline:
-                result = request_tcp(self.node, ip, self.ports[0], 0.2)
+            result = _reachable(self.node, ip, self.ports[0], deadline)
             if result.outcome != outcome:
                 raise RuntimeError(f"node to {ip}: expected {outcome}, got {result}")
-
-    def exec(
-        self, where: Where, argv: Sequence[str], *, input: str | None = None, check: bool = True
-    ) -> subprocess.CompletedProcess[str]:
-        """Run a command in a namespace (via `ip netns exec`, so /sys matches too)."""
-        full = ["ip", "netns", "exec", _netns(where).name, *argv]
-        proc = subprocess.run(full, input=input, capture_output=True, text=True, timeout=60)
-        if check and proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(full)} failed ({proc.returncode}): {proc.stderr}")
-        return proc
-
-    def close(self) -> None:
-        """Stop servers and workers, delete the namespaces. Safe to call more than once."""
-        with _sigint_deferred():
-            for server in self._servers:  # let them all exit at once, then reap them
-                with contextlib.suppress(OSError):
-                    assert server.proc.stdin is not None
-                    server.proc.stdin.close()
-            for server in self._servers:
-                server.stop()
-            self._servers.clear()
-            for ns in self._netns:
-                ns.close()
-            self._netns.clear()
-            if self._names:
-                dels = "".join(f"netns del {n}\n" for n in self._names)
-                subprocess.run(
-                    ["ip", "-force", "-batch", "-"],
-                    input=dels,
-                    text=True,
-                    capture_output=True,
-                    timeout=30,
-                )
-                left = set(self._names) & set(list_netns())
-                if left:
-                    raise RuntimeError(f"namespaces left behind: {sorted(left)}")
-                self._names = []
 
 
 def list_netns() -> list[str]:

@@ -4,6 +4,8 @@
 * ``session_testbed``: one two-pod testbed shared by the whole session; a test using it must
   undo what it changes (e.g. delete the nft tables it adds).
 * ``make_testbed``: a factory for testbeds with other parameters, torn down after the test.
+* ``cluster``: one two-node ClusterTestbed (cluster.py) per test module; a test using it must
+  undo what it changes.
 
 Tests marked ``netns`` (and every test using these fixtures) are skipped unless run as root
 with ``ip`` and ``nft`` available.
@@ -19,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from lace_proxy.sandbox.cluster import ClusterTestbed
 from lace_proxy.sandbox.testbed import Testbed, remove_stale_namespaces
 
 
@@ -66,3 +69,11 @@ def make_testbed() -> Iterator[Callable[..., Testbed]]:
             return stack.enter_context(Testbed(**kwargs))
 
         yield make
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ClusterTestbed]:
+    """Per module rather than per test: ten namespaces and nine servers take ~0.15 s to build."""
+    _skip_unless_capable()
+    with ClusterTestbed() as tb:
+        yield tb

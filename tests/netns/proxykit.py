@@ -14,6 +14,7 @@ import yaml
 from lace_proxy.dataplane.conntrack import Conntrack
 from lace_proxy.dataplane.nft import Nft
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.dataplane.routes import PolicyRoutes, RoutingSettings
 from lace_proxy.model import Rejections
 from lace_proxy.proxier import Proxier
 from lace_proxy.sandbox.testbed import (
@@ -21,7 +22,7 @@ from lace_proxy.sandbox.testbed import (
     POD_CIDR6,
     Host,
     Result,
-    Testbed,
+    TestbedBase,
     request_tcp,
     request_udp,
 )
@@ -96,19 +97,32 @@ def endpoints(
 
 
 class Harness:
-    """The proxy's own pipeline, synced on demand, programming the testbed's node."""
+    """The proxy's own pipeline, synced on demand, programming a testbed's node.
 
-    def __init__(self, tb: Testbed, folder: Path, **settings: Any) -> None:
+    `node` is the namespace programmed (the single-node testbed's node by default) and
+    `node_name` the Node it is; `routing` turns on the policy routes.
+    """
+
+    def __init__(
+        self,
+        tb: TestbedBase,
+        folder: Path,
+        *,
+        node: Host | None = None,
+        node_name: str = NODE,
+        routing: RoutingSettings | None = None,
+        **settings: Any,
+    ) -> None:
         self.tb = tb
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
+        netns = (node or tb.node).ns.name  # type: ignore[attr-defined]
         settings.setdefault("cluster_cidrs", (POD_CIDR4, POD_CIDR6))
-        self.backend = NftablesBackend(
-            NftablesSettings(**settings), Nft(tb.node.ns.name), Conntrack(tb.node.ns.name)
-        )
-        self.table = ServiceTable(NODE)
+        self.backend = NftablesBackend(NftablesSettings(**settings), Nft(netns), Conntrack(netns))
+        self.routes = None if routing is None else PolicyRoutes(routing, netns)
+        self.table = ServiceTable(node_name)
         self.rejections = Rejections()
-        self.proxier = Proxier(self.table, self.backend, sources=[SOURCE_NAME])
+        self.proxier = Proxier(self.table, self.backend, sources=[SOURCE_NAME], routes=self.routes)
         self.source = ManifestSource(folder, self.proxier, self.rejections)
         self.proxier.synced(SOURCE_NAME)
 
@@ -127,6 +141,8 @@ class Harness:
 
     def close(self) -> None:
         self.backend.cleanup()
+        if self.routes is not None:
+            self.routes.cleanup()
 
 
 def names(results: Sequence[Result]) -> Counter[str]:
