@@ -10,6 +10,7 @@ counters; callers use the recording methods and never touch prometheus objects.
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, Protocol
@@ -26,6 +27,8 @@ prometheus_client.disable_created_metrics()
 
 #: The IP families a sync programs (the `ip_family` label values, as kube-proxy spells them).
 FAMILIES: tuple[str, ...] = ("IPv4", "IPv6")
+#: lace_proxy_network_conditions codes (see networks.graph.Condition).
+CONDITION_CODES = ("unknown_network", "overlapping_prefixes", "selects_nothing", "two_bindings")
 
 #: kube-proxy's sync buckets: ExponentialBuckets(0.001, 2, 15), 1 ms to 16.384 s.
 SYNC_BUCKETS: tuple[float, ...] = tuple(0.001 * 2**i for i in range(15))
@@ -200,6 +203,15 @@ class ProxyMetrics:
             "Attempts to listen on a healthCheckNodePort that failed (e.g. the port is taken)",
             registry=r,
         )
+        self._conditions = Gauge(
+            "lace_proxy_network_conditions",
+            "Problems across Lace network objects (e.g. a binding to an unknown network), by code;"
+            " each has a deterministic outcome shown by lace-proxy explain",
+            ["code"],
+            registry=r,
+        )
+        for code in CONDITION_CODES:
+            self._conditions.labels(code)
         Gauge(
             "lace_proxy_build_info",
             "lace-proxy's version and service table build (compiled or pure); always 1",
@@ -292,6 +304,12 @@ class ProxyMetrics:
         self._tables.table = table
 
     # -- sources, validation, health --
+
+    def record_conditions(self, codes: Iterable[str]) -> None:
+        """The network model's current conditions (their codes, one per condition)."""
+        counts = collections.Counter(codes)
+        for code in {*CONDITION_CODES, *counts}:
+            self._conditions.labels(code).set(counts.get(code, 0))
 
     def record_rejection(self, kind: str, reason: str) -> None:
         """An object of `kind` failed validation with reason code `reason`."""

@@ -28,7 +28,7 @@ from lace_proxy.health import (
 )
 from lace_proxy.metrics import ProxyMetrics
 from lace_proxy.model import EndpointSlice, LaceObject, Node, Service
-from lace_proxy.networks.graph import NetworkLayout
+from lace_proxy.networks.graph import Condition, NetworkLayout
 from lace_proxy.networks.view import NetworkView
 from lace_proxy.table import Access, Changeset, ServiceTable
 
@@ -165,6 +165,11 @@ class Proxier:
         binding = self.networks.bindings.get(service_key)
         if only_if_changed and before == binding:
             return
+        was = set(before.conditions) if before else set()
+        now = set(binding.conditions) if binding else set()
+        if was != now:
+            _log_conditions(was, now)
+            self.metrics.record_conditions(c.code for c in self.networks.conditions)
         if binding is None:
             self.table.set_access(service_key, None)
         else:
@@ -209,11 +214,14 @@ class Proxier:
         """A Network or policy changed: every service's binding is worked out again, and
         only the services whose binding changed reach the table (and so the kernel)."""
         was_enabled = self.networks.enabled
+        was = set(self.networks.graph.conditions)
         self.networks.set_objects(self.lace.values())
+        _log_conditions(was, set(self.networks.graph.conditions))
         same_mode = was_enabled == self.networks.enabled
         for service_key in {*self.table.service_keys(), *self.networks.bindings}:
             self._narrow(service_key, only_if_changed=same_mode)
         self._layout_changed()
+        self.metrics.record_conditions(c.code for c in self.networks.conditions)
         self._queued()
 
     def _layout(self) -> NetworkLayout:
@@ -341,3 +349,11 @@ class Proxier:
                 self.stats.last_sync_seconds * 1000,
             )
         return True
+
+
+def _log_conditions(was: set[Condition], now: set[Condition]) -> None:
+    """Each network-model condition is logged when it appears and when it is resolved."""
+    for c in sorted(now - was):
+        log.warning("network model: %s %s: %s [%s]", c.subject, c.code, c.message, c.code)
+    for c in sorted(was - now):
+        log.info("network model: %s %s resolved", c.subject, c.code)

@@ -32,6 +32,21 @@ from lace_proxy.model.lace import (
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
+def _selects_nothing(policy: Any, sources: set[str], dests: set[str]) -> list[Condition]:
+    missing = [
+        side for side, chosen in (("srcSelector", sources), ("destSelector", dests)) if not chosen
+    ]
+    if not missing:
+        return []
+    return [
+        Condition(
+            "selects_nothing",
+            f"{policy.kind}/{policy.name}",
+            f"{' and '.join(missing)} select no network: the policy grants nothing",
+        )
+    ]
+
+
 @dataclass(frozen=True)
 class NetworkLayout:
     """What the kernel needs of the network model besides the plans.
@@ -54,6 +69,19 @@ class NetworkLayout:
     @property
     def enabled(self) -> bool:
         return bool(self.networks)
+
+
+@dataclass(frozen=True, order=True)
+class Condition:
+    """Something wrong across objects, which no single object's validation can see.
+
+    Never fatal: each has a documented, deterministic outcome (in `message`), and is
+    logged, exported as a metric and shown by `lace-proxy explain`.
+    """
+
+    code: str  # unknown_network | overlapping_prefixes | selects_nothing | two_bindings
+    subject: str  # "Kind/name" (or "Service namespace/name")
+    message: str
 
 
 @dataclass(frozen=True)
@@ -98,11 +126,30 @@ class NetworkGraph:
         for prefixes in (self._pod_prefixes, self._external_prefixes):
             prefixes.sort(key=lambda item: (-item[0].prefixlen, item[1]))
         self._peers: dict[str, set[str]] = {name: set() for name in self.networks}
+        conditions: list[Condition] = []
         for policy in routing:
             sources = self._select(policy.src_selector)
             dests = self._select(policy.dest_selector)
+            conditions += _selects_nothing(policy, sources, dests)
             for src in sources:
                 self._peers[src] |= dests
+        # Per network: who reaches it by peering; per ServiceRoutingPolicy: what it grants.
+        self._peered_from: dict[str, frozenset[str]] = {
+            name: frozenset(src for src, dests in self._peers.items() if name in dests)
+            for name in self.networks
+        }
+        self._grants: list[tuple[frozenset[str], frozenset[str], Any]] = []
+        for srp in self._service_routing:
+            sources = self._select(srp.src_selector)
+            dests = self._select(srp.dest_selector)
+            conditions += _selects_nothing(srp, sources, dests)
+            self._grants.append((frozenset(dests), frozenset(sources), srp.service_selector))
+        self._parsed: dict[str, list[IPNetwork]] = {
+            name: [ipaddress.ip_network(p) for p in net.prefixes]
+            for name, net in self.networks.items()
+        }
+        conditions += self._binding_conditions() + self._overlaps()
+        self.conditions: tuple[Condition, ...] = tuple(sorted(conditions))
 
     @property
     def enabled(self) -> bool:
@@ -132,6 +179,14 @@ class NetworkGraph:
 
         Policies are read in name order and rules in written order; the first match wins.
         """
+        matches = self.service_bindings(service, first_only=True)
+        return matches[0][1] if matches else None
+
+    def service_bindings(
+        self, service: ServiceRef, *, first_only: bool = False
+    ) -> list[tuple[str, str]]:
+        """Every (policy, network) binding the service, in the order they take precedence."""
+        found: list[tuple[str, str]] = []
         for policy in self._bindings:
             if "service" not in policy.match_kinds:
                 continue
@@ -139,8 +194,11 @@ class NetworkGraph:
                 if rule.network in self.networks and rule.selector.matches(
                     service.namespace, service.name, service.labels
                 ):
-                    return rule.network
-        return None
+                    found.append((policy.name, rule.network))
+                    if first_only:
+                        return found
+                    break  # a policy's first matching rule is its binding
+        return found
 
     def allowed_sources(self, service: ServiceRef, network: str) -> frozenset[str]:
         """The source networks that may reach a service bound to `network`.
@@ -148,14 +206,10 @@ class NetworkGraph:
         Its own network, every network peered to it, and every network a
         ServiceRoutingPolicy grants its services to (if the policy's serviceSelector picks it).
         """
-        allowed = {network}
-        allowed |= {src for src, dests in self._peers.items() if network in dests}
-        for policy in self._service_routing:
-            if network not in self._select(policy.dest_selector):
-                continue
-            if not policy.service_selector.matches(service.labels):
-                continue
-            allowed |= self._select(policy.src_selector)
+        allowed = {network} | self._peered_from.get(network, frozenset())
+        for dests, sources, selector in self._grants:
+            if network in dests and (selector.everything or selector.matches(service.labels)):
+                allowed |= sources
         return frozenset(allowed)
 
     def layout(self) -> NetworkLayout:
@@ -201,11 +255,38 @@ class NetworkGraph:
 
     def contains(self, network: str, address: str) -> bool:
         """Whether an endpoint address lies in a network's prefixes."""
-        net = self.networks.get(network)
-        if net is None:
-            return False
         ip = ipaddress.ip_address(address)
-        return any(
-            ip.version == p.version and ip in p
-            for p in (ipaddress.ip_network(x) for x in net.prefixes)
-        )
+        return any(ip.version == p.version and ip in p for p in self._parsed.get(network, ()))
+
+    def _binding_conditions(self) -> list[Condition]:
+        out = []
+        for policy in self._bindings:
+            for i, rule in enumerate(policy.rules):
+                if rule.network not in self.networks:
+                    out.append(
+                        Condition(
+                            "unknown_network",
+                            f"NetworkBindingPolicy/{policy.name}",
+                            f"rule {i} binds to network {rule.network!r}, which does not "
+                            "exist: the rule is ignored until it does",
+                        )
+                    )
+        return out
+
+    def _overlaps(self) -> list[Condition]:
+        """Pod networks whose prefixes overlap: the longer prefix (then the name) wins."""
+        out = []
+        pods = sorted(self._pod_prefixes, key=lambda item: item[1])
+        for (a, name_a), (b, name_b) in itertools.combinations(pods, 2):
+            if name_a != name_b and a.version == b.version and a.overlaps(b):
+                winner = sorted([(a, name_a), (b, name_b)], key=lambda x: (-x[0].prefixlen, x[1]))
+                narrow, name = winner[0]
+                out.append(
+                    Condition(
+                        "overlapping_prefixes",
+                        f"Network/{name_a}",
+                        f"{a} overlaps {b} of Network {name_b}: addresses in both belong to "
+                        f"{name} (longer prefix {narrow}, then name order)",
+                    )
+                )
+        return out

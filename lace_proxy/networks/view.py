@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from lace_proxy.model import EndpointSlice, LaceObject, Service
-from lace_proxy.networks.graph import NetworkGraph, ServiceRef
+from lace_proxy.networks.graph import Condition, NetworkGraph, ServiceRef
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,8 @@ class Binding:
     network: str | None  # None: its endpoints lie in no network, so it carries nothing
     sources: frozenset[str]
     excluded: tuple[tuple[str, str], ...]  # (address, reason)
+    bound_by: str | None = None  # the NetworkBindingPolicy; None: its endpoints' network
+    conditions: tuple[Condition, ...] = ()  # e.g. matched by two bindings
 
 
 def _ref(svc: Service) -> ServiceRef:
@@ -54,8 +56,21 @@ class NetworkView:
             if svc is not None:
                 self.bindings.pop(svc.key, None)
             return slices
-        network = self.graph.service_binding(_ref(svc)) or self._network_of(slices)
-        sources = self.graph.allowed_sources(_ref(svc), network) if network else frozenset()
+        ref = _ref(svc)
+        matches = self.graph.service_bindings(ref)
+        network = matches[0][1] if matches else self._network_of(slices)
+        sources = self.graph.allowed_sources(ref, network) if network else frozenset()
+        conditions = ()
+        if len(matches) > 1:
+            others = ", ".join(f"{policy} ({net})" for policy, net in matches[1:])
+            conditions = (
+                Condition(
+                    "two_bindings",
+                    f"Service/{svc.key}",
+                    f"bound by NetworkBindingPolicy {matches[0][0]} to {matches[0][1]} and "
+                    f"also matched by {others}: the first in name order wins",
+                ),
+            )
         excluded: list[tuple[str, str]] = []
         narrowed = []
         for sl in slices:
@@ -71,8 +86,22 @@ class NetworkView:
             narrowed.append(
                 sl if len(kept) == len(sl.endpoints) else replace(sl, endpoints=tuple(kept))
             )
-        self.bindings[svc.key] = Binding(network, sources, tuple(excluded))
+        self.bindings[svc.key] = Binding(
+            network,
+            sources,
+            tuple(excluded),
+            matches[0][0] if matches else None,
+            conditions,
+        )
         return narrowed
+
+    @property
+    def conditions(self) -> list[Condition]:
+        """Every condition: the graph's and the services'."""
+        out = list(self.graph.conditions)
+        for binding in self.bindings.values():
+            out += binding.conditions
+        return out
 
     def _network_of(self, slices: list[EndpointSlice]) -> str | None:
         """The pod network that holds the service's endpoints (the first that has one)."""

@@ -12,7 +12,7 @@ import pytest
 from lace_proxy.model import parse_object
 from lace_proxy.networks import NetworkGraph, ServiceRef
 
-from ..lacekit import GV, net, selector
+from ..lacekit import GV, l3, net, routing, selector, service_binding, service_routing
 
 NETWORKS = [
     net(
@@ -158,3 +158,36 @@ def test_layout_ranges_classify_every_address_as_the_graph_does() -> None:
     assert layout.host_local == "host-local" and layout.host_peers == ()
     assert graph(HOST_LOCAL_PEERING).layout().host_peers == ("default",)
     assert NetworkGraph([]).layout().enabled is False
+
+
+def test_bad_cross_object_input_becomes_conditions_with_deterministic_outcomes() -> None:
+    g = graph(
+        service_binding("to-nowhere", "nowhere", {"name": "web"}),
+        routing("from-nothing", "no-such-network", "default"),
+        service_routing("grants-nothing", "underlay", "no-such-network"),
+        l3("shadow", "10.251.0.128/25"),  # inside default's 10.251.0.0/24
+    )
+    codes = {(c.code, c.subject) for c in g.conditions}
+    assert codes == {
+        ("unknown_network", "NetworkBindingPolicy/to-nowhere"),
+        ("selects_nothing", "NetworkRoutingPolicy/from-nothing"),
+        ("selects_nothing", "ServiceRoutingPolicy/grants-nothing"),
+        ("overlapping_prefixes", "Network/default"),
+    }
+    overlap = next(c for c in g.conditions if c.code == "overlapping_prefixes")
+    assert "belong to shadow" in overlap.message
+    # The outcomes the messages promise: the rule is ignored, nothing is granted, and the
+    # longer prefix classifies the overlap.
+    assert g.service_binding(WEB) is None
+    assert g.allowed_sources(WEB, "default") == {"default"}
+    assert g.classify("10.251.0.200") == "shadow" and g.classify("10.251.0.5") == "default"
+    assert graph().conditions == ()
+
+
+def test_two_bindings_first_in_name_order_wins() -> None:
+    g = graph(
+        service_binding("b-internet", "internet", {"name": "web"}),
+        service_binding("a-default", "default", {"name": "web"}),
+    )
+    assert g.service_bindings(WEB) == [("a-default", "default"), ("b-internet", "internet")]
+    assert g.service_binding(WEB) == "default"

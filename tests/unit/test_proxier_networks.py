@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+import pytest
 
 from lace_proxy.dataplane.nft import Nft
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
@@ -10,6 +13,7 @@ from lace_proxy.model import parse_object
 from lace_proxy.proxier import Proxier
 from lace_proxy.table import ServiceTable
 
+from ..lacekit import service_binding
 from .tablekit import ep, eps, svc
 from .test_network_graph import NETWORKS, NODE_METRICS_BINDING, net
 
@@ -43,3 +47,28 @@ def test_only_affected_services_are_recomputed() -> None:
     assert p.table.pending == 1  # only the service it binds
     ((_, new),) = p.table.build().updated
     assert [b.ip for b in new.cluster_backends] == ["10.250.0.1"]
+
+
+def test_conditions_are_logged_once_and_exported(caplog: pytest.LogCaptureFixture) -> None:
+    p = proxier()
+    p.service_upserted(svc("web", ips=("10.96.0.1",), labels=(("app", "web"),)))
+    p.slice_upserted(eps(ep("10.251.0.10"), service="web"))
+    for obj in NETWORKS:
+        lace(p, obj)
+    with caplog.at_level(logging.WARNING, logger="lace_proxy.proxier"):
+        lace(p, service_binding("b-internet", "internet", {"name": "web"}))
+        lace(p, service_binding("a-nowhere", "nowhere", {"name": "web"}))
+        lace(p, service_binding("a-default", "default", {"name": "web"}))
+    warned = [r.getMessage() for r in caplog.records]
+    assert sum("unknown_network" in m for m in warned) == 1, warned
+    assert sum("two_bindings" in m for m in warned) == 1, warned
+    assert p.networks.bindings["default/web"].network == "default"
+    assert p.networks.bindings["default/web"].bound_by == "a-default"
+    exposition = p.metrics.exposition()[0].decode()
+    assert 'lace_proxy_network_conditions{code="two_bindings"} 1.0' in exposition
+    assert 'lace_proxy_network_conditions{code="unknown_network"} 1.0' in exposition
+    p.lace_deleted("NetworkBindingPolicy", "a-nowhere")
+    p.lace_deleted("NetworkBindingPolicy", "b-internet")
+    exposition = p.metrics.exposition()[0].decode()
+    assert 'lace_proxy_network_conditions{code="two_bindings"} 0.0' in exposition
+    assert 'lace_proxy_network_conditions{code="unknown_network"} 0.0' in exposition
