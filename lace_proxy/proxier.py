@@ -115,7 +115,7 @@ class Proxier:
         self._queued()
 
     def service_deleted(self, key: str) -> None:
-        self.networks.bindings.pop(key, None)
+        self.networks.forget(key)
         self.table.delete_service(key)
         self.metrics.record_change("service", key)
         self._queued()
@@ -211,14 +211,19 @@ class Proxier:
             self._networks_changed()
 
     def _networks_changed(self) -> None:
-        """A Network or policy changed: every service's binding is worked out again, and
+        """A Network or policy changed: the bindings it may affect are worked out again, and
         only the services whose binding changed reach the table (and so the kernel)."""
         was_enabled = self.networks.enabled
-        was = set(self.networks.graph.conditions)
+        old = self.networks.graph
         self.networks.set_objects(self.lace.values())
-        _log_conditions(was, set(self.networks.graph.conditions))
+        _log_conditions(set(old.conditions), set(self.networks.graph.conditions))
         same_mode = was_enabled == self.networks.enabled
-        for service_key in {*self.table.service_keys(), *self.networks.bindings}:
+        affected = self.networks.graph.affected_by(old) if same_mode else None
+        if affected is None:
+            keys = {*self.table.service_keys(), *self.networks.bindings}
+        else:
+            keys = self.networks.members(affected)
+        for service_key in keys:
             self._narrow(service_key, only_if_changed=same_mode)
         self._layout_changed()
         self.metrics.record_conditions(c.code for c in self.networks.conditions)

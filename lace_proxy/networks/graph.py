@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 import itertools
+import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,17 @@ from lace_proxy.model.lace import (
 )
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def _address(address: str) -> tuple[int, int]:
+    """(IP version, integer value) of an address, faster than ipaddress for the hot path."""
+    if ":" in address:
+        return 6, int.from_bytes(socket.inet_pton(socket.AF_INET6, address), "big")
+    return 4, int.from_bytes(socket.inet_pton(socket.AF_INET, address), "big")
+
+
+def _span(prefix: IPNetwork) -> tuple[int, int, int]:
+    return prefix.version, int(prefix.network_address), int(prefix.broadcast_address)
 
 
 def _selects_nothing(policy: Any, sources: set[str], dests: set[str]) -> list[Condition]:
@@ -102,6 +114,7 @@ class NetworkGraph:
         self._bindings = sorted(
             (o for o in objects if isinstance(o, NetworkBindingPolicy)), key=lambda o: o.name
         )
+        self._labels = {name: dict(net.labels) for name, net in self.networks.items()}
         routing = [o for o in objects if isinstance(o, NetworkRoutingPolicy)]
         self._service_routing = [o for o in objects if isinstance(o, ServiceRoutingPolicy)]
         self.host_local = next(
@@ -125,6 +138,20 @@ class NetworkGraph:
         # Longest prefix first, then name: classification is deterministic.
         for prefixes in (self._pod_prefixes, self._external_prefixes):
             prefixes.sort(key=lambda item: (-item[0].prefixlen, item[1]))
+        # The same, as one dict lookup per distinct prefix length (endpoints are classified
+        # by the hundred thousand): [(family, shift, {masked address: network})], pods first.
+        self._lpm: list[tuple[int, int, dict[int, str]]] = []
+        for prefixes in (self._pod_prefixes, self._external_prefixes):
+            for prefix, name in prefixes:
+                bits = prefix.max_prefixlen - prefix.prefixlen
+                if not self._lpm or self._lpm[-1][:2] != (prefix.version, bits):
+                    self._lpm.append((prefix.version, bits, {}))
+                self._lpm[-1][2].setdefault(int(prefix.network_address) >> bits, name)
+        # Equal for two graphs with the same networks: what endpoints belong to is unchanged.
+        self.prefix_token = tuple(
+            (n.name, n.type, n.prefixes)
+            for n in sorted(self.networks.values(), key=lambda n: n.name)
+        )
         self._peers: dict[str, set[str]] = {name: set() for name in self.networks}
         conditions: list[Condition] = []
         for policy in routing:
@@ -144,8 +171,8 @@ class NetworkGraph:
             dests = self._select(srp.dest_selector)
             conditions += _selects_nothing(srp, sources, dests)
             self._grants.append((frozenset(dests), frozenset(sources), srp.service_selector))
-        self._parsed: dict[str, list[IPNetwork]] = {
-            name: [ipaddress.ip_network(p) for p in net.prefixes]
+        self._spans: dict[str, list[tuple[int, int, int]]] = {
+            name: [_span(ipaddress.ip_network(p)) for p in net.prefixes]
             for name, net in self.networks.items()
         }
         conditions += self._binding_conditions() + self._overlaps()
@@ -157,7 +184,21 @@ class NetworkGraph:
         return bool(self.networks)
 
     def _select(self, selector: Any) -> set[str]:
-        return {name for name, net in self.networks.items() if selector.matches(dict(net.labels))}
+        return {name for name, labels in self._labels.items() if selector.matches(labels)}
+
+    def affected_by(self, old: NetworkGraph) -> frozenset[str] | None:
+        """The networks whose services are reached differently than under `old` (None: any
+        service may be bound or reached differently, so all must be worked out again)."""
+        if (
+            self.prefix_token != old.prefix_token
+            or self._bindings != old._bindings
+            or self.host_local != old.host_local
+        ):
+            return None
+        changed = {n for n in self.networks if self._peered_from.get(n) != old._peered_from.get(n)}
+        for dests, _, _ in set(self._grants) ^ set(old._grants):
+            changed |= dests
+        return frozenset(changed)
 
     def peers(self, source: str) -> frozenset[str]:
         """The networks `source` is peered to (their pods and services)."""
@@ -167,10 +208,11 @@ class NetworkGraph:
         """The network a packet from `address` belongs to (None: no identity)."""
         if local:
             return self.host_local
-        ip = ipaddress.ip_address(address)
-        for prefixes in (self._pod_prefixes, self._external_prefixes):
-            for prefix, name in prefixes:
-                if ip.version == prefix.version and ip in prefix:
+        family, value = _address(address)
+        for version, bits, table in self._lpm:
+            if version == family:
+                name = table.get(value >> bits)
+                if name is not None:
                     return name
         return None
 
@@ -255,8 +297,11 @@ class NetworkGraph:
 
     def contains(self, network: str, address: str) -> bool:
         """Whether an endpoint address lies in a network's prefixes."""
-        ip = ipaddress.ip_address(address)
-        return any(ip.version == p.version and ip in p for p in self._parsed.get(network, ()))
+        family, value = _address(address)
+        return any(
+            version == family and first <= value <= last
+            for version, first, last in self._spans.get(network, ())
+        )
 
     def _binding_conditions(self) -> list[Condition]:
         out = []
@@ -274,19 +319,30 @@ class NetworkGraph:
         return out
 
     def _overlaps(self) -> list[Condition]:
-        """Pod networks whose prefixes overlap: the longer prefix (then the name) wins."""
+        """Pod networks whose prefixes overlap: the longer prefix (then the name) wins.
+
+        Prefixes either nest or are disjoint, so a sweep in address order finds every
+        overlap among the prefixes still open.
+        """
         out = []
-        pods = sorted(self._pod_prefixes, key=lambda item: item[1])
-        for (a, name_a), (b, name_b) in itertools.combinations(pods, 2):
-            if name_a != name_b and a.version == b.version and a.overlaps(b):
-                winner = sorted([(a, name_a), (b, name_b)], key=lambda x: (-x[0].prefixlen, x[1]))
-                narrow, name = winner[0]
+        spans = sorted((_span(p), -p.prefixlen, name, p) for p, name in self._pod_prefixes)
+        open_: list[tuple[tuple[int, int, int], int, str, IPNetwork]] = []
+        for item in spans:
+            (version, first, _), _, name, prefix = item
+            open_ = [o for o in open_ if o[0][0] == version and o[0][2] >= first]
+            for (_, _, _), _, other, outer in open_:
+                if other == name:
+                    continue
+                winner = name if (-prefix.prefixlen, name) < (-outer.prefixlen, other) else other
+                narrow = prefix if winner == name else outer
+                a, b = sorted([(other, outer), (name, prefix)])
                 out.append(
                     Condition(
                         "overlapping_prefixes",
-                        f"Network/{name_a}",
-                        f"{a} overlaps {b} of Network {name_b}: addresses in both belong to "
-                        f"{name} (longer prefix {narrow}, then name order)",
+                        f"Network/{a[0]}",
+                        f"{a[1]} overlaps {b[1]} of Network {b[0]}: addresses in both belong to "
+                        f"{winner} (longer prefix {narrow}, then name order)",
                     )
                 )
+            open_.append(item)
         return out

@@ -32,12 +32,36 @@ def _ref(svc: Service) -> ServiceRef:
     return ServiceRef(svc.namespace, svc.name, dict(svc.labels))
 
 
+@dataclass
+class _Scan:
+    """A service's endpoints as last examined: their pod network, and the narrowed slices."""
+
+    prefix_token: tuple[object, ...]
+    slices: tuple[EndpointSlice, ...]
+    pod_network: str | None
+    network: str | None = None  # the network `narrowed` was computed for
+    narrowed: list[EndpointSlice] | None = None
+    excluded: tuple[tuple[str, str], ...] = ()
+
+    def valid(self, prefix_token: tuple[object, ...], slices: list[EndpointSlice]) -> bool:
+        """Still true of these slices (the very same objects) under these prefixes."""
+        return (
+            prefix_token == self.prefix_token
+            and len(slices) == len(self.slices)
+            and all(a is b for a, b in zip(slices, self.slices, strict=True))
+        )
+
+
 class NetworkView:
     """Binds services to networks and narrows their slices accordingly."""
 
     def __init__(self, objects: Iterable[LaceObject] = ()) -> None:
         self.graph = NetworkGraph(objects)
         self.bindings: dict[str, Binding] = {}
+        # What a service's endpoints were found to be, while its slices and the networks'
+        # prefixes stay the same: a policy change then costs no endpoint scan.
+        self._scans: dict[str, _Scan] = {}
+        self._members: dict[str | None, set[str]] = {}  # network -> services bound to it
 
     @property
     def enabled(self) -> bool:
@@ -54,11 +78,15 @@ class NetworkView:
         """The slices as the table should see them (unchanged without networks)."""
         if not self.graph.enabled or svc is None:
             if svc is not None:
-                self.bindings.pop(svc.key, None)
+                self.forget(svc.key)
             return slices
         ref = _ref(svc)
         matches = self.graph.service_bindings(ref)
-        network = matches[0][1] if matches else self._network_of(slices)
+        scan = self._scans.get(svc.key)
+        if scan is None or not scan.valid(self.graph.prefix_token, slices):
+            scan = _Scan(self.graph.prefix_token, tuple(slices), self._network_of(slices))
+            self._scans[svc.key] = scan
+        network = matches[0][1] if matches else scan.pod_network
         sources = self.graph.allowed_sources(ref, network) if network else frozenset()
         conditions = ()
         if len(matches) > 1:
@@ -71,6 +99,19 @@ class NetworkView:
                     f"also matched by {others}: the first in name order wins",
                 ),
             )
+        if scan.narrowed is None or scan.network != network:
+            scan.network = network
+            scan.narrowed, scan.excluded = self._narrowed(network, slices)
+        binding = Binding(
+            network, sources, scan.excluded, matches[0][0] if matches else None, conditions
+        )
+        self._set_binding(svc.key, binding)
+        return scan.narrowed
+
+    def _narrowed(
+        self, network: str | None, slices: list[EndpointSlice]
+    ) -> tuple[list[EndpointSlice], tuple[tuple[str, str], ...]]:
+        """The slices with only the endpoints inside `network`, and the others with reasons."""
         excluded: list[tuple[str, str]] = []
         narrowed = []
         for sl in slices:
@@ -86,14 +127,30 @@ class NetworkView:
             narrowed.append(
                 sl if len(kept) == len(sl.endpoints) else replace(sl, endpoints=tuple(kept))
             )
-        self.bindings[svc.key] = Binding(
-            network,
-            sources,
-            tuple(excluded),
-            matches[0][0] if matches else None,
-            conditions,
-        )
-        return narrowed
+        return narrowed, tuple(excluded)
+
+    def forget(self, service_key: str) -> None:
+        """The service is gone."""
+        self._set_binding(service_key, None)
+        self._scans.pop(service_key, None)
+
+    def members(self, networks: Iterable[str]) -> set[str]:
+        """The services bound to any of these networks."""
+        out: set[str] = set()
+        for network in networks:
+            out |= self._members.get(network, set())
+        return out
+
+    def _set_binding(self, service_key: str, binding: Binding | None) -> None:
+        old = self.bindings.pop(service_key, None)
+        if old is not None:
+            members = self._members[old.network]
+            members.discard(service_key)
+            if not members:
+                del self._members[old.network]
+        if binding is not None:
+            self.bindings[service_key] = binding
+            self._members.setdefault(binding.network, set()).add(service_key)
 
     @property
     def conditions(self) -> list[Condition]:

@@ -131,6 +131,22 @@ def test_pod_only_bindings_do_not_bind_services() -> None:
     )
 
 
+def brute_force(g: NetworkGraph, ip: Any) -> str | None:
+    """DESIGN §3's classification, literally: a pod network, else the longest external prefix."""
+    best: tuple[int, str] | None = None
+    for kind in (("l3", "l2"), ("external",)):
+        for name, network in sorted(g.networks.items()):
+            if network.type not in kind:
+                continue
+            for prefix in map(ipaddress.ip_network, network.prefixes):
+                inside = prefix.version == ip.version and ip in prefix
+                if inside and (best is None or prefix.prefixlen > best[0]):
+                    best = (prefix.prefixlen, name)
+        if best is not None:
+            return best[1]
+    return None
+
+
 def test_layout_ranges_classify_every_address_as_the_graph_does() -> None:
     """The disjoint ranges the kernel matches agree with longest-prefix classification."""
     g = graph(
@@ -152,7 +168,8 @@ def test_layout_ranges_classify_every_address_as_the_graph_does() -> None:
             probes += [a, b, max(a - 1, 0), min(b + 1, 2**bits - 1)]
         make = ipaddress.IPv4Address if family == 4 else ipaddress.IPv6Address
         for value in probes:
-            expected = g.classify(str(make(value)))
+            expected = brute_force(g, make(value))
+            assert g.classify(str(make(value))) == expected, make(value)
             found = next((n for a, b, n in ranges if a <= value <= b), None)
             assert found == expected, make(value)
     assert layout.host_local == "host-local" and layout.host_peers == ()
@@ -191,3 +208,15 @@ def test_two_bindings_first_in_name_order_wins() -> None:
     )
     assert g.service_bindings(WEB) == [("a-default", "default"), ("b-internet", "internet")]
     assert g.service_binding(WEB) == "default"
+
+
+def test_affected_by_names_only_the_networks_a_policy_change_touches() -> None:
+    base = graph()
+    peered = graph(routing("other-to-default", "other", "default"))
+    assert peered.affected_by(base) == {"default"}
+    granted = graph(service_routing("underlay-other", "underlay", "other", {"app": "x"}))
+    assert granted.affected_by(base) == {"other"}
+    assert graph().affected_by(base) == set()
+    # Bindings and prefixes can change any service's network: everything is affected.
+    assert graph(NODE_METRICS_BINDING).affected_by(base) is None
+    assert graph(l3("extra", "10.99.0.0/24")).affected_by(base) is None
