@@ -18,8 +18,9 @@ Which pod networks the node may enter is decided in nftables, not here: a prohib
 cannot tell a new connection from a reply, and would also refuse the node's answers (and
 ICMP errors) to pods of those networks.
 
-Sync reads what the kernel holds at that priority and in that table, adds what is missing
-before it removes what is no longer wanted, and touches nothing else.
+Sync reads what the kernel holds (rules at that priority for that table from `lo`, routes in
+that table), adds what is missing before it removes what is no longer wanted, and touches
+nothing else.
 """
 
 from __future__ import annotations
@@ -148,7 +149,9 @@ class PolicyRoutes:
         routes: set[Route] = set()
         for version, family in FAMILIES.items():
             for msg in ipr.get_rules(family=family):
-                if msg.get("priority") != p:
+                # Ours: our priority, our table, locally originated only (nothing else there
+                # is touched, whoever made it).
+                if (msg.get("priority"), msg.get("table"), msg.get("iifname")) != (p, t, "lo"):
                     continue
                 dst = msg.get("dst") or ("0.0.0.0" if version == 4 else "::")
                 rules.add(Rule(version, f"{dst}/{msg['dst_len']}"))
