@@ -132,6 +132,7 @@ def test_full_file(write: Writer) -> None:
           manifests: /etc/lace/manifests
           nftables: {table: lace_test, family: ip}
           serviceCIDRs: [10.96.0.0/12, "fd00:10:96::/112"]
+          routing: {table: 300, priority: 900}
         """,
         LACE_API_VERSION,
     )
@@ -156,6 +157,7 @@ def test_full_file(write: Writer) -> None:
         "/etc/lace/manifests",
         cfg.LaceNFTablesConfig("lace_test", "ip"),
         (net("10.96.0.0/12"), net("fd00:10:96::/112")),
+        cfg.LaceRoutingConfig(300, 900),
     )
 
 
@@ -436,6 +438,9 @@ def test_error_message_format(write: Writer) -> None:
             "ipvs.excludeCIDRs[1]",
             '"10.0.0.0/33" is not a CIDR',
         ),
+        ("lace: {routing: {table: 254}}\n", "lace.routing.table", "default/main/local"),
+        ("lace: {routing: {table: 0}}\n", "lace.routing.table", "an integer from 1"),
+        ("lace: {routing: {priority: 32766}}\n", "lace.routing.priority", "from 1 to 32765"),
         (
             "lace: {serviceCIDRs: [10.96.0.1]}\n",
             "lace.serviceCIDRs[0]",
