@@ -790,7 +790,8 @@ class NftablesBackend:
         shared = merged.needs | set(self.renderer.precreated())
         for name in shared:
             merged.chains[name] = self.renderer.shared_chain(name)
-        networks = self.renderer.render_networks(self._layout)
+        layout = self._layout  # read once: the loop thread may replace it meanwhile
+        networks = self.renderer.render_networks(layout)
         _merge_into(merged, networks)
         tx = Transaction()
         t = self.settings.table
@@ -827,7 +828,7 @@ class NftablesBackend:
         self.nft.apply(tx)
         self._refs = refs
         self._shared_chains = shared
-        self._networks, self._programmed_layout = networks, self._layout
+        self._networks, self._programmed_layout = networks, layout
         self._synced = True
         if self.conntrack is not None and changes is not None:
             self.conntrack.delete_udp(stale_udp_filters(changes))
@@ -849,9 +850,9 @@ class NftablesBackend:
             r = self.renderer.render(plan)
             delta.update(r.shared)
             _merge_into(new, r)
-        networks = self._networks
-        if self._layout != self._programmed_layout:
-            networks = self.renderer.render_networks(self._layout)
+        networks, layout = self._networks, self._layout  # read once (see full_sync)
+        if layout != self._programmed_layout:
+            networks = self.renderer.render_networks(layout)
             _merge_into(old, self._networks)
             _merge_into(new, networks)
         tx = Transaction()
@@ -902,7 +903,7 @@ class NftablesBackend:
         for name in sorted(old.sets.keys() - new.sets.keys()):
             tx.add(f"delete set inet {t} {name}")
         self.nft.apply(tx)
-        self._networks, self._programmed_layout = networks, self._layout
+        self._networks, self._programmed_layout = networks, layout
         still = {after.id for _, after in changes.updated if _needs_id(after)}
         for plan in (*changes.removed, *(before for before, _ in changes.updated)):
             if _needs_id(plan) and plan.id not in still:
