@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import ipaddress
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -15,12 +18,22 @@ from typing import Any
 from lace_proxy import __version__, implementation
 from lace_proxy.config import ConfigError, ProxyConfig, add_config_flags, config_from_args
 from lace_proxy.dataplane.conntrack import Conntrack
-from lace_proxy.dataplane.nft import Nft, NftError
+from lace_proxy.dataplane.nft import Nft, NftError, netns_prefix
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
 from lace_proxy.dataplane.routes import PolicyRoutes, RoutingSettings
+from lace_proxy.explain import (
+    Explanation,
+    KernelCheck,
+    NodeFacts,
+    QueryError,
+    State,
+    check_kernel,
+    explain,
+    parse_query,
+)
 from lace_proxy.health import ProxierHealth, ProxyServers, ServiceHealthServers
 from lace_proxy.metrics import ProxyMetrics
-from lace_proxy.model import Rejections
+from lace_proxy.model import EndpointSlice, LaceObject, Node, Rejections, Service
 from lace_proxy.networks import NetworkView
 from lace_proxy.proxier import Proxier
 from lace_proxy.sources.files import SOURCE_NAME as FILES
@@ -239,6 +252,132 @@ def _network_of(networks: NetworkView, service_key: str) -> str | None:
     return binding.network if binding else None
 
 
+class _NodeRecorder:
+    """Hands every change to the proxier and keeps the Node objects on the side.
+
+    The proxier keeps only what the kernel needs of its own Node; explain also needs every
+    address of it (NodePorts answer on all of them) and the other nodes' (their NodePorts).
+    """
+
+    def __init__(self, proxier: Proxier) -> None:
+        self.proxier = proxier
+        self.nodes: dict[str, Node] = {}
+
+    def service_upserted(self, svc: Service) -> None:
+        self.proxier.service_upserted(svc)
+
+    def service_deleted(self, key: str) -> None:
+        self.proxier.service_deleted(key)
+
+    def slice_upserted(self, sl: EndpointSlice) -> None:
+        self.proxier.slice_upserted(sl)
+
+    def slice_deleted(self, key: str) -> None:
+        self.proxier.slice_deleted(key)
+
+    def node_upserted(self, node: Node) -> None:
+        self.nodes[node.name] = node
+        self.proxier.node_upserted(node)
+
+    def node_deleted(self, name: str) -> None:
+        self.nodes.pop(name, None)
+        self.proxier.node_deleted(name)
+
+    def lace_upserted(self, obj: LaceObject) -> None:
+        self.proxier.lace_upserted(obj)
+
+    def lace_deleted(self, kind: str, name: str) -> None:
+        self.proxier.lace_deleted(kind, name)
+
+    def synced(self, source: str) -> None:
+        self.proxier.synced(source)
+
+
+def _node_facts(node: Node | None, name: str, extra: Sequence[str] = ()) -> NodeFacts:
+    """A node's addresses for explain: its Node object's, plus those given on the command line."""
+    addresses = [a for _, a in node.addresses] if node else []
+    internal = [a for kind, a in node.addresses if kind == "InternalIP"] if node else []
+    return NodeFacts(
+        name,
+        tuple(dict.fromkeys([*addresses, *extra])),
+        tuple(dict.fromkeys([*internal, *extra])),
+    )
+
+
+def _explain_kernel(
+    args: argparse.Namespace, settings: NftablesSettings, result: Explanation
+) -> Explanation:
+    """Ask the kernel (this one, or --netns's) whether it agrees with the table's verdict.
+
+    On by default for root when the table exists; --kernel or --netns insist (a missing table
+    is then "not programmed"), --no-kernel skips it.
+    """
+    if args.kernel is False:
+        return dataclasses.replace(result, kernel=KernelCheck("not checked", "--no-kernel"))
+    insisted = args.kernel is True or args.netns is not None
+    if not insisted and os.geteuid() != 0:
+        detail = "not root (run as root, or give --kernel)"
+        return dataclasses.replace(result, kernel=KernelCheck("not checked", detail))
+    try:
+        kernel = NftablesBackend(settings, Nft(args.netns)).read_back()
+    except (NftError, OSError) as exc:
+        detail = f"cannot read table inet {settings.table}: {exc}"
+        return dataclasses.replace(result, kernel=KernelCheck("not checked", detail))
+    if kernel is None and not insisted:
+        detail = f"no table inet {settings.table} here (is lace-proxy running on this node?)"
+        return dataclasses.replace(result, kernel=KernelCheck("not checked", detail))
+    return check_kernel(result, kernel, settings.table)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    def bad(message: object) -> int:
+        print(f"lace-proxy: explain: {message}", file=sys.stderr)
+        return 2
+
+    try:
+        query = parse_query(args.source, args.destination)
+        extra = [str(ipaddress.ip_address(a)) for a in args.node_address or ()]
+        netns_prefix(args.netns)  # validates the name
+    except QueryError as exc:
+        return bad(exc)
+    except ValueError as exc:  # --node-address, --netns
+        return bad(exc)
+    cfg = config_from_args(args)  # a ConfigError is exit code 2 (main)
+    if not cfg.lace.manifests:
+        return bad(
+            "give --manifests DIR (a folder of Service, EndpointSlice, Node and Lace manifests)"
+        )
+    if not Path(cfg.lace.manifests).exists():
+        return bad(f"manifests: no such file or folder: {cfg.lace.manifests}")
+    if not args.verbose:  # what the proxy would log is in the answer (rejected, conditions)
+        logging.getLogger("lace_proxy").setLevel(logging.ERROR)
+    settings = nftables_settings(cfg)
+    # As `table`: the proxy's own change tracker computes the state; nothing is synced.
+    table = ServiceTable(cfg.hostname_override)
+    proxier = Proxier(table, NftablesBackend(settings), sources=[FILES])
+    recorder = _NodeRecorder(proxier)
+    rejected: list[str] = []
+    rejections = Rejections(on_reject=lambda e: rejected.append(str(e)))
+    ManifestSource(Path(cfg.lace.manifests), recorder, rejections).poll()
+    table.build()
+    table.commit()
+    name = cfg.hostname_override
+    state = State(
+        proxier,
+        settings,
+        _node_facts(recorder.nodes.get(name), name, extra),
+        tuple(_node_facts(n, n.name) for n in recorder.nodes.values() if n.name != name),
+        tuple(dict.fromkeys(rejected)),
+    )
+    result = _explain_kernel(args, settings, explain(state, query))
+    if args.output == "json":
+        json.dump(result.to_dict(), sys.stdout, indent=2)
+        print()
+    else:
+        print(result.to_text())
+    return result.exit_code
+
+
 def cmd_cleanup(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     backend = NftablesBackend(nftables_settings(cfg), Nft())
@@ -311,6 +450,79 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(table)
     table.add_argument("-o", "--output", choices=("table", "json"), default="table")
     table.set_defaults(func=cmd_table)
+
+    explain_cmd = sub.add_parser(
+        "explain",
+        help="tell what happens to a new connection, and why",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="""\
+Explain a new connection from SRC to DST under this node's table (computed from
+--manifests, as `table` does, with the settings of --config: lace.serviceCIDRs,
+nodePortAddresses, clusterCIDR) and the Lace network model:
+
+  source       the source's network and why (host-local, a pod network by prefix, an
+               external network by longest-prefix match, or no identity)
+  destination  a ClusterIP/NodePort/ExternalIP/LoadBalancer frontend, a pod, or nothing
+               of lace-proxy's
+  bound to     the service's network, and why
+  verdict/why  the policy that allows it, or what is missing (as an operator action)
+  backends     the endpoints that may answer, or why none (excluded endpoints listed)
+  condition    network-model conditions that bear on it; `rejected`: invalid objects
+  kernel       whether the kernel's nftables sets agree (kernel agrees / kernel
+               differs / not programmed)""",
+        epilog="""examples:
+  lace-proxy explain node 10.96.0.10:53/UDP --manifests DIR --config proxy.yaml
+  lace-proxy explain 10.251.0.11 10.96.0.40:80 --manifests DIR --hostname-override node-a
+  lace-proxy explain fd00:250::2 [fd00:250::1]:30080/TCP --manifests DIR -o json
+  lace-proxy explain node 10.250.0.1:30080 --manifests DIR --node-address 10.250.0.1
+
+exit codes:
+  0  the connection goes through (allowed, or not lace-proxy's to decide)
+  1  it would be refused, dropped, left unanswered or not proxied
+  2  bad input (SRC, DST, options, configuration)""",
+    )
+    explain_cmd.add_argument(
+        "source",
+        metavar="SRC",
+        help="where the connection comes from: an IP address (a pod, a client, another node), "
+        "or `node` for traffic this node originates (hostNetwork pods included), e.g. "
+        "10.251.0.11 or node",
+    )
+    explain_cmd.add_argument(
+        "destination",
+        metavar="DST",
+        help="IP:PORT[/PROTO], PROTO one of TCP (default), UDP, SCTP; IPv6 in brackets, e.g. "
+        "10.96.0.10:53/UDP or [fd00::1]:80/UDP",
+    )
+    add_config_flags(explain_cmd)
+    explain_cmd.add_argument(
+        "-o",
+        "--output",
+        choices=("text", "json"),
+        default="text",
+        help="text: aligned `label  value` lines (default); json: a stable document",
+    )
+    explain_cmd.add_argument(
+        "--node-address",
+        action="append",
+        metavar="IP",
+        help="an address of this node, where its NodePorts answer (repeatable; default: the "
+        "addresses of the Node named --hostname-override in the manifests), e.g. 10.250.0.1",
+    )
+    explain_cmd.add_argument(
+        "--kernel",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="compare with the kernel's nftables table (default: on when run as root and the "
+        "table exists); --no-kernel skips it",
+    )
+    explain_cmd.add_argument(
+        "--netns",
+        metavar="NAME",
+        help="read the kernel of this named network namespace (implies --kernel), e.g. for "
+        "a sandbox node",
+    )
+    explain_cmd.set_defaults(func=cmd_explain)
 
     cleanup = sub.add_parser(
         "cleanup",
