@@ -439,14 +439,13 @@ def _layout(state: State) -> NetworkLayout:
     return state.proxier._layout()
 
 
-def _host_unpeered(layout: NetworkLayout, address: str) -> tuple[str | None, bool]:
-    """(the unpeered pod network whose prefix holds `address`, whether it is in the node's own
-    podCIDRs): the `host-unpeered` and `local-pod-cidrs` sets of the output chain."""
-    ip = ipaddress.ip_address(address)
-    for prefix, network in layout.pod_prefixes:
-        n = _net(prefix)
-        if network not in layout.host_peers and ip.version == n.version and ip in n:
-            return network, _covered(address, layout.local_pod_cidrs)
+def _host_unpeered(state: State, layout: NetworkLayout, address: str) -> tuple[str | None, bool]:
+    """(the pod network host-local is not peered to that `address` classifies into, whether it
+    is in the node's own podCIDRs): the `host-unpeered` and `local-pod-cidrs` sets of output."""
+    network = state.proxier.networks.graph.classify(address)
+    pod_networks = {n for _, n in layout.pod_prefixes}
+    if network in pod_networks and network not in layout.host_peers:
+        return network, _covered(address, layout.local_pod_cidrs)
     return None, False
 
 
@@ -551,7 +550,7 @@ def _explain_frontend(
             expects.append(Expect((controlled,), element, True, "controlled by the model"))
             reason = "a NodePort on the node's own address is never answered from the node"
             return _done(e, DROPPED, reason, expects, backends=())
-        unpeered, local = _host_unpeered(_layout(state), q.destination)
+        unpeered, local = _host_unpeered(state, _layout(state), q.destination)
         if unpeered is not None and not local:
             expects.append(_unpeered_expect(q, True))
             reason = f"the node may not enter pod network {unpeered}: " + _peering_hint(
@@ -588,13 +587,11 @@ def _explain_frontend(
         return _done(e, DROPPED, reason, expects, backends=(), allowed_by=allowed_by)
 
     # Which endpoints: externalTrafficPolicy Local short-circuits pods (clusterCIDR) and the
-    # node itself to every endpoint, except that the node's own traffic to an external
-    # address meets filter-output's endpoint check before nat-output translates it.
+    # node itself to every endpoint.
     verdict, backends = f.verdict, f.backends
     if f.kind != CLUSTER_IP and plan.external_local:
         inside = q.from_node or _covered(q.source, state.settings.cluster_cidrs)
-        checked_first = q.from_node and f.kind != NODE_PORT and verdict == "drop"
-        if inside and plan.cluster_backends and not checked_first:
+        if inside and plan.cluster_backends:
             verdict, backends = None, plan.cluster_backends
     if verdict is None and backends:
         reason = _allowed_reason(e, allowed_by)
@@ -602,8 +599,6 @@ def _explain_frontend(
     if verdict == "drop":
         policy = "internal" if f.kind == CLUSTER_IP else "external"
         reason = f"{policy}TrafficPolicy Local and no endpoint on this node: dropped"
-        if q.from_node and f.kind != CLUSTER_IP:
-            reason += " (the node's own traffic too: it is checked before translation)"
         return _done(e, DROPPED, reason, expects, backends=(), allowed_by=allowed_by)
     why = _no_backends(table, plan, e, f)
     return _done(
@@ -718,7 +713,7 @@ def _explain_address(state: State, e: Explanation) -> Explanation:
 
     if q.from_node and graph.enabled:
         layout = _layout(state)
-        unpeered, local = _host_unpeered(layout, q.destination)
+        unpeered, local = _host_unpeered(state, layout, q.destination)
         if unpeered is not None:
             expects = [_unpeered_expect(q, True)]
             if local:
@@ -736,16 +731,6 @@ def _explain_address(state: State, e: Explanation) -> Explanation:
                     )
                 )
             reason = _peering_hint(graph, unpeered)
-            if pod_network is not None and pod_network != unpeered:
-                e = _replace(
-                    e,
-                    notes=(
-                        *e.notes,
-                        f"{q.destination} belongs to {pod_network} (the longer prefix), but "
-                        f"also lies in {unpeered}'s prefix, and the kernel refuses the node "
-                        "every prefix of a network host-local is not peered to",
-                    ),
-                )
             return _done(e, DENIED, reason, expects, backends=())
         if pod_network is not None:
             names = _peerings(state, layout.host_local or "", pod_network)
@@ -967,7 +952,7 @@ def _dispatch_expects(plan: Any, f: Any, q: Query) -> list[Expect]:
     if f.kind == NODE_PORT:
         maps = (f"service-nodeports-{v}", f"no-endpoint-nodeports-{v}")
     else:
-        maps = (f"service-ips-{v}", f"no-endpoint-services-{v}")
+        maps = (f"service-ips-{v}", f"no-endpoint-services-{v}", f"no-local-endpoint-services-{v}")
     return [Expect(maps, element, True, "the service's dispatch", programmed=True)]
 
 

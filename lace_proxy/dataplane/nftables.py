@@ -276,13 +276,15 @@ class Renderer:
             ),
             host,
         )
-        unpeered = [p for p, n in layout.pod_prefixes if n not in layout.host_peers]
-        for name, cidrs in (
-            ("host-unpeered", unpeered),
-            ("local-pod-cidrs", layout.local_pod_cidrs),
-        ):
-            for cidr in _collapsed(cidrs):
-                out.element(f"{name}-v{ipaddress.ip_network(cidr).version}", cidr)
+        # The addresses that classify into such a network (a peered longer prefix inside an
+        # unpeered network's stays reachable), from the same disjoint ranges as the sources.
+        pod_networks = {n for _, n in layout.pod_prefixes}
+        for fam, first, last, network in layout.ranges:
+            if network in pod_networks and network not in layout.host_peers:
+                span = first if first == last else f"{first}-{last}"
+                out.element(f"host-unpeered-v{fam}", span)
+        for cidr in _collapsed(layout.local_pod_cidrs):
+            out.element(f"local-pod-cidrs-v{ipaddress.ip_network(cidr).version}", cidr)
         out.chains["unproxied"] = tuple(
             f"{_ip(fam)} daddr @cluster-ips-v{fam} {_ip(fam)} daddr != @service-cidrs-v{fam} accept"
             for fam in FAMILIES
@@ -353,8 +355,16 @@ class Renderer:
         n, m = len(cluster), len(local)
         if plan.external_verdict is not None:
             verdict = self._verdict(plan, external=True)
+            # A Local policy without local endpoints drops outside clients only: the node's
+            # own traffic is translated in nat-output (to every endpoint) after filter-output,
+            # so its drop lives in a map that output does not consult.
+            container = (
+                "no-local-endpoint-services"
+                if plan.external_local and n
+                else ("no-endpoint-services")
+            )
             for address in external_addresses:
-                out.element(f"no-endpoint-services-{v}", f"{address} . {key} : {verdict}")
+                out.element(f"{container}-{v}", f"{address} . {key} : {verdict}")
             if plan.node_port:
                 out.element(f"no-endpoint-nodeports-{v}", f"{np_key} : {verdict}")
             if not (plan.external_local and n):
@@ -577,6 +587,8 @@ class Renderer:
                 f"  map service-ips-{v} {{ type {at} . inet_proto . inet_service : verdict; }}",
                 f"  map no-endpoint-services-{v} {{ type {at} . inet_proto . inet_service"
                 " : verdict; }",
+                f"  map no-local-endpoint-services-{v} {{ type {at} . inet_proto . inet_service"
+                " : verdict; }",
                 f"  set firewall-ips-{v} {{ type {at} . inet_proto . inet_service; }}",
                 f"  set firewall-allow-{v} {{ typeof {ip} daddr . meta l4proto . th dport"
                 f" . {ip} saddr; flags interval; }}",
@@ -630,6 +642,12 @@ class Renderer:
         for fam in FAMILIES:
             ip, v = _ip(fam), f"v{fam}"
             lines.append(f"    {ip} daddr . meta l4proto . th dport vmap @no-endpoint-services-{v}")
+        lines += ["  }", "  chain external-endpoints-check {"]
+        for fam in FAMILIES:
+            ip, v = _ip(fam), f"v{fam}"
+            lines.append(
+                f"    {ip} daddr . meta l4proto . th dport vmap @no-local-endpoint-services-{v}"
+            )
         lines += ["  }", "  chain nodeport-endpoints-check {"]
         for fam in FAMILIES:
             lines.append(
@@ -670,10 +688,12 @@ class Renderer:
             "    type filter hook input priority -110; policy accept;",
             "    ct state new jump nodeport-endpoints-check",
             "    ct state new jump service-endpoints-check",
+            "    ct state new jump external-endpoints-check",
             "  }",
             "  chain filter-forward {",
             "    type filter hook forward priority -110; policy accept;",
             "    ct state new jump service-endpoints-check",
+            "    ct state new jump external-endpoints-check",
             "    ct state new jump cluster-ips-check",
             "  }",
             "  chain filter-output {",

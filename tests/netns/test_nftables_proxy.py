@@ -235,6 +235,8 @@ def test_external_traffic_policy_local(proxy: Harness) -> None:
         assert dropped.outcome == "timeout", dropped
         # Pods are short-circuited to the (remote) endpoints, as kube-proxy does.
         assert set(names(many(tb.pods[2], address, port, n=20))) == {"pod2", "pod3"}, address
+    # So is the node itself (its traffic is translated in output, never dropped).
+    assert set(names(many(tb.node, LB4, 80, n=20))) == {"pod2", "pod3"}
 
 
 def test_internal_traffic_policy_local(proxy: Harness) -> None:

@@ -164,6 +164,19 @@ def test_node_to_pod_needs_host_local_peering_except_its_own_pods(
     assert denied(request_tcp(a, B1_4, 8080))
 
 
+def test_a_peered_longer_prefix_inside_an_unpeered_network_is_reachable(
+    cluster: ClusterTestbed, lace: Cluster
+) -> None:
+    """Classification decides: b1's /24 belongs to `lab` (longer prefix), peered from host-local,
+    though it lies inside `default` (not peered)."""
+    lace.write("lab", l3("lab", POD_CIDRS["node-b"][0]))
+    lace.write("peering", routing("host-to-lab", "host-local", "lab"))
+    lace.sync()
+    a = node(cluster, "node-a")
+    assert answered_by(request_tcp(a, B1_4, 8080), "b1")
+    assert denied(request_tcp(a, BBLUE4, 8080))
+
+
 def test_without_networks_the_node_reaches_every_pod_and_lace_owns_no_rules(
     cluster: ClusterTestbed, tmp_path: Path
 ) -> None:
