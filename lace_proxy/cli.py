@@ -204,6 +204,8 @@ def cmd_table(args: argparse.Namespace) -> int:
                     "affinity": f.affinity_timeout,
                     "masquerade": f.masquerade,
                     "network": _network_of(networks, plan.service),
+                    # The source networks that may reach it (None: no network model).
+                    "reachableFrom": None if plan.access is None else list(plan.access.sources),
                     "backends": [
                         {
                             "ip": b.ip,
@@ -236,8 +238,11 @@ def cmd_table(args: argparse.Namespace) -> int:
         for r in rows
     ]
     if networks.enabled:
-        headers = ("NETWORK", *headers)
-        lines = [(r["network"] or "-", *line) for r, line in zip(rows, lines, strict=True)]
+        headers = ("NETWORK", "FROM", *headers)
+        lines = [
+            (r["network"] or "-", ",".join(r["reachableFrom"] or ()) or "-", *line)
+            for r, line in zip(rows, lines, strict=True)
+        ]
     widths = [max([len(h)] + [len(line[i]) for line in lines]) for i, h in enumerate(headers[:-1])]
     for line in [headers, *lines]:
         print("  ".join(c.ljust(w) for c, w in zip(line[:-1], widths, strict=True)), line[-1])

@@ -118,3 +118,7 @@ def test_table_shows_networks_and_excluded_endpoints(
     ]
     v6 = [f for f in doc["frontends"] if f["family"] == "IPv6"]
     assert {f["action"] for f in v6} == {"reject"}  # no IPv6 prefix in the network
+    assert {tuple(f["reachableFrom"]) for f in doc["frontends"]} == {("default",)}
+    assert main(args) == 0
+    header = capsys.readouterr().out.splitlines()[0].split()
+    assert header[:3] == ["NETWORK", "FROM", "SERVICE"]
