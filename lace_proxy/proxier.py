@@ -38,10 +38,11 @@ log = logging.getLogger(__name__)
 class Dataplane(Protocol):
     """What the proxier needs of a backend (nftables now, IPVS later)."""
 
-    def full_sync(self, plans: Iterable[Any], changes: Changeset | None = None) -> int: ...
-    def apply(self, changes: Changeset) -> int: ...
+    def full_sync(
+        self, plans: Iterable[Any], changes: Changeset | None, layout: NetworkLayout
+    ) -> int: ...
+    def apply(self, changes: Changeset, layout: NetworkLayout) -> int: ...
     def node_addresses_changed(self, addresses: tuple[str, ...]) -> bool: ...
-    def networks_changed(self, layout: NetworkLayout) -> bool: ...
 
 
 @dataclass
@@ -91,7 +92,9 @@ class Proxier:
         self._slice_service: dict[str, str] = {}  # slice key -> service key
         self._wake = asyncio.Event()
         self._need_full = True
-        self._dataplane_pending = False  # the dataplane has a change of its own to program
+        # The network model's layout as the dataplane last took it (a sync hands over the
+        # layout of the same moment as the plans).
+        self._programmed_layout = NetworkLayout()
         # Policy routes for the node's own service traffic: they follow the network model
         # and the node's addresses; nftables also needs the node's podCIDRs.
         self.routes = routes
@@ -235,8 +238,6 @@ class Proxier:
         return replace(layout, local_pod_cidrs=self._node_pod_cidrs) if layout.enabled else layout
 
     def _layout_changed(self) -> None:
-        if self.dataplane.networks_changed(self._layout()):
-            self._dataplane_pending = True
         self._routes_pending = self.routes is not None
 
     def synced(self, source: str) -> None:
@@ -298,16 +299,16 @@ class Proxier:
         start = time.monotonic()
         full = full or self._need_full
         changes = self.table.build()
-        # A failed sync sets _need_full, and a full sync programs the dataplane's own changes.
-        dataplane_pending, self._dataplane_pending = self._dataplane_pending, False
+        layout = self._layout()  # of the same moment as the plans
         try:
             count = 0
-            if not full and (changes or dataplane_pending):
+            if not full and (changes or layout != self._programmed_layout):
                 try:
                     count = await loop.run_in_executor(
-                        self._executor, self.dataplane.apply, changes
+                        self._executor, self.dataplane.apply, changes, layout
                     )
                     self.table.commit()
+                    self._programmed_layout = layout
                 except FullSyncRequired as exc:
                     log.info("%s: doing a full sync", exc)
                     full = True
@@ -318,8 +319,9 @@ class Proxier:
                 self.table.commit()
                 plans = list(self.table.plans())
                 count = await loop.run_in_executor(
-                    self._executor, self.dataplane.full_sync, plans, changes
+                    self._executor, self.dataplane.full_sync, plans, changes, layout
                 )
+                self._programmed_layout = layout
                 self.stats.full_syncs += 1
             if self.routes is not None and (full or self._routes_pending):
                 self._routes_pending = False  # before the await: a change meanwhile sets it

@@ -68,6 +68,10 @@ TABLE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
 FAMILIES = (4, 6)
 
 
+#: The layout without Network objects: plain kube-proxy.
+NO_NETWORKS = NetworkLayout()
+
+
 class FullSyncRequired(Exception):
     """A change needs objects only a full sync can make; nothing was applied."""
 
@@ -773,9 +777,10 @@ class NftablesBackend:
         self.renderer = Renderer(settings)
         self._refs: Counter[tuple[str, str]] = Counter()  # shared element -> plans holding it
         self._shared_chains: set[str] = set()
-        # The network model's objects: as programmed, and as the next sync should make them.
-        self._layout = self._programmed_layout = NetworkLayout()
-        self._networks = self.renderer.render_networks(self._layout)
+        # The network model's objects as programmed (the caller hands the wanted layout to
+        # each sync, taken together with the plans, so the two always agree).
+        self._programmed_layout = NO_NETWORKS
+        self._networks = self.renderer.render_networks(NO_NETWORKS)
         # The affinity ids of a previous process are unknown: its remembered endpoints are
         # dropped by this process's first full sync, then kept by every later one.
         self._synced = False
@@ -784,7 +789,12 @@ class NftablesBackend:
     def table(self) -> str:
         return self.settings.table
 
-    def full_sync(self, plans: Iterable[Any], changes: Changeset | None = None) -> int:
+    def full_sync(
+        self,
+        plans: Iterable[Any],
+        changes: Changeset | None = None,
+        layout: NetworkLayout = NO_NETWORKS,
+    ) -> int:
         """Replace the table's contents atomically with these plans; returns the command count.
 
         Used for the first sync and the periodic reconcile. One batch flushes every chain,
@@ -810,7 +820,6 @@ class NftablesBackend:
         shared = merged.needs | set(self.renderer.precreated())
         for name in shared:
             merged.chains[name] = self.renderer.shared_chain(name)
-        layout = self._layout  # read once: the loop thread may replace it meanwhile
         networks = self.renderer.render_networks(layout)
         _merge_into(merged, networks)
         tx = Transaction()
@@ -854,8 +863,9 @@ class NftablesBackend:
             self.conntrack.delete_udp(stale_udp_filters(changes))
         return len(tx)
 
-    def apply(self, changes: Changeset) -> int:
-        """Program one changeset as one atomic transaction; returns the command count."""
+    def apply(self, changes: Changeset, layout: NetworkLayout = NO_NETWORKS) -> int:
+        """Program one changeset (and the network model's `layout`, if it changed) as one
+        atomic transaction; returns the command count."""
         ids = self.renderer.affinity_ids
         old, new = Rendered(), Rendered()
         delta: Counter[tuple[str, str]] = Counter()  # shared element -> change in holders
@@ -870,7 +880,7 @@ class NftablesBackend:
             r = self.renderer.render(plan)
             delta.update(r.shared)
             _merge_into(new, r)
-        networks, layout = self._networks, self._layout  # read once (see full_sync)
+        networks = self._networks
         if layout != self._programmed_layout:
             networks = self.renderer.render_networks(layout)
             _merge_into(old, self._networks)
@@ -949,11 +959,6 @@ class NftablesBackend:
             return False
         self.renderer.node_addresses = addresses
         return True
-
-    def networks_changed(self, layout: NetworkLayout) -> bool:
-        """The network model changed; True when the kernel needs a sync for it."""
-        self._layout = layout
-        return layout != self._programmed_layout
 
     def cleanup(self) -> bool:
         """Remove everything this backend made (the whole table)."""
