@@ -60,6 +60,7 @@ def nftables_settings(cfg: ProxyConfig) -> NftablesSettings:
         node_port_cidrs=node_ports,
         node_port_primary=primary,
         service_cidrs=tuple(str(n) for n in cfg.lace.service_cidrs),
+        pod_interface_prefix=cfg.detect_local.interface_name_prefix,
     )
 
 

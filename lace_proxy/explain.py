@@ -731,6 +731,13 @@ def _explain_address(state: State, e: Explanation) -> Explanation:
                     )
                 )
             reason = _peering_hint(graph, unpeered)
+            prefix = state.settings.pod_interface_prefix
+            if prefix:
+                note = (
+                    f"unless the node routes {q.destination} out of a pod interface "
+                    f"({prefix}*): then it is one of its own pods, always reachable"
+                )
+                e = _replace(e, notes=(*e.notes, note))
             return _done(e, DENIED, reason, expects, backends=())
         if pod_network is not None:
             names = _peerings(state, layout.host_local or "", pod_network)
@@ -970,12 +977,16 @@ def _holds(elements: set[str], expect: Expect) -> bool:
         return any(_key(x) == expect.element for x in elements)
     ip = ipaddress.ip_address(expect.element)
     for x in elements:
+        first, _, last = _key(x).partition("-")  # a prefix, or a range "first-last"
         try:
-            n = _net(_key(x))
-        except ValueError:
+            if last:
+                low, high = ipaddress.ip_address(first), ipaddress.ip_address(last)
+                if low.version == ip.version and low <= ip <= high:  # type: ignore[operator]
+                    return True
+            elif ip in _net(first):
+                return True
+        except (ValueError, TypeError):
             continue
-        if n.version == ip.version and ip in n:
-            return True
     return False
 
 

@@ -28,7 +28,13 @@ prometheus_client.disable_created_metrics()
 #: The IP families a sync programs (the `ip_family` label values, as kube-proxy spells them).
 FAMILIES: tuple[str, ...] = ("IPv4", "IPv6")
 #: lace_proxy_network_conditions codes (see networks.graph.Condition).
-CONDITION_CODES = ("unknown_network", "overlapping_prefixes", "selects_nothing", "two_bindings")
+CONDITION_CODES = (
+    "unknown_network",
+    "overlapping_prefixes",
+    "selects_nothing",
+    "two_bindings",
+    "split_endpoints",
+)
 
 #: kube-proxy's sync buckets: ExponentialBuckets(0.001, 2, 15), 1 ms to 16.384 s.
 SYNC_BUCKETS: tuple[float, ...] = tuple(0.001 * 2**i for i in range(15))

@@ -127,6 +127,8 @@ class Proxier:
         old = self._slice_service.get(sl.key)
         if old is not None and old != sl.service_key:
             self._forget_slice(sl.key)
+            if self.networks.enabled:
+                self._narrow(old)  # the service it left
         self._slice_service[sl.key] = sl.service_key
         self._slices.setdefault(sl.service_key, {})[sl.key] = sl
         if self.networks.enabled:
@@ -223,7 +225,8 @@ class Proxier:
         same_mode = was_enabled == self.networks.enabled
         affected = self.networks.graph.affected_by(old) if same_mode else None
         if affected is None:
-            keys = {*self.table.service_keys(), *self.networks.bindings}
+            # Services present, and those whose slices were narrowed while they were.
+            keys = {*self.table.service_keys(), *self.networks.bindings, *self._slices}
         else:
             keys = self.networks.members(affected)
         for service_key in keys:

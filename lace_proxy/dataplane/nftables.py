@@ -64,6 +64,7 @@ ACCESS_CHAINS = ("access", "host-access", "unproxied")
 #: the proxy sends (no endpoints is port-unreachable), so it is told apart on the wire.
 DENY = "reject with icmpx admin-prohibited"
 SAFE_COMMENT = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
+IFNAME_PREFIX = re.compile(r"^[A-Za-z0-9._-]{1,15}$")
 TABLE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
 FAMILIES = (4, 6)
 
@@ -91,10 +92,19 @@ class NftablesSettings:
     # node.serviceCIDRs: with the Lace network model on, only ClusterIPs inside them are
     # proxied for the node's own traffic (the rest leave by its ordinary routes).
     service_cidrs: tuple[str, ...] = ()
+    # detectLocal.interfaceNamePrefix: the node's pod interfaces. With the network model on,
+    # the node's own connections out of them (to its local pods, e.g. kubelet probes) are
+    # never refused; without it only its podCIDRs are exempt.
+    pod_interface_prefix: str = ""
 
     def __post_init__(self) -> None:
         if not TABLE_NAME.match(self.table):
             raise ValueError(f"invalid nftables table name {self.table!r}")
+        if self.pod_interface_prefix and not IFNAME_PREFIX.match(self.pod_interface_prefix):
+            raise ValueError(
+                f"interface prefix {self.pod_interface_prefix!r}: only letters, digits, "
+                "'.', '_' and '-' (at most 15) can be used in nftables rules"
+            )
         if not 0 <= self.masquerade_bit <= 31:
             raise ValueError(f"masqueradeBit {self.masquerade_bit} is not in 0-31")
         for cidr in (*self.cluster_cidrs, *self.node_port_cidrs, *self.service_cidrs):
@@ -265,6 +275,8 @@ class Renderer:
             "goto deny",  # no identity: reaches no frontend
         )
         host = f"goto from-{_h(layout.host_local)}" if layout.host_local else "goto deny"
+        prefix = self.s.pod_interface_prefix
+        local_pods = f' oifname != "{prefix}*"' if prefix else ""
         out.chains["host-access"] = (
             # A NodePort on the node's own address is never answered from the node itself.
             *(
@@ -275,7 +287,7 @@ class Renderer:
             # Pod networks host-local is not peered to, except this node's own pods.
             *(
                 f"{_ip(fam)} daddr @host-unpeered-v{fam}"
-                f" {_ip(fam)} daddr != @local-pod-cidrs-v{fam} {DENY}"
+                f" {_ip(fam)} daddr != @local-pod-cidrs-v{fam}{local_pods} {DENY}"
                 for fam in FAMILIES
             ),
             host,
@@ -533,7 +545,9 @@ class Renderer:
         if not (plan.node_port or external_addresses):
             return
         ext = None
-        if plan.external_verdict is None:
+        # A Local policy without local endpoints still short-circuits pods and the node to
+        # every endpoint; its chain drops everyone else.
+        if plan.external_verdict is None or (plan.external_local and svc):
             ext = f"ext-{h}"
             target = svc or local
             if plan.external_local:
@@ -1079,6 +1093,9 @@ def _render_json(element: Any) -> str:
             return " . ".join(_render_json(p) for p in element["concat"])
         if "prefix" in element:
             return f"{element['prefix']['addr']}/{element['prefix']['len']}"
+        if "range" in element:
+            first, last = element["range"]
+            return f"{first}-{last}"
         if "elem" in element:
             return _render_json(element["elem"]["val"])
     return str(element)

@@ -91,7 +91,7 @@ class Condition:
     logged, exported as a metric and shown by `lace-proxy explain`.
     """
 
-    code: str  # unknown_network | overlapping_prefixes | selects_nothing | two_bindings
+    code: str  # see lace_proxy.metrics.CONDITION_CODES
     subject: str  # "Kind/name" (or "Service namespace/name")
     message: str
 

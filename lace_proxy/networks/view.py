@@ -16,6 +16,8 @@ from dataclasses import dataclass, replace
 from lace_proxy.model import EndpointSlice, LaceObject, Service
 from lace_proxy.networks.graph import Condition, NetworkGraph, ServiceRef
 
+ADDRESS_TYPES = ("IPv4", "IPv6")  # FQDN slices are never proxied
+
 
 @dataclass(frozen=True)
 class Binding:
@@ -39,6 +41,7 @@ class _Scan:
     prefix_token: tuple[object, ...]
     slices: tuple[EndpointSlice, ...]
     pod_network: str | None
+    pod_networks: tuple[str, ...]  # every pod network holding some of its endpoints
     network: str | None = None  # the network `narrowed` was computed for
     narrowed: list[EndpointSlice] | None = None
     excluded: tuple[tuple[str, str], ...] = ()
@@ -84,11 +87,21 @@ class NetworkView:
         matches = self.graph.service_bindings(ref)
         scan = self._scans.get(svc.key)
         if scan is None or not scan.valid(self.graph.prefix_token, slices):
-            scan = _Scan(self.graph.prefix_token, tuple(slices), self._network_of(slices))
+            scan = _Scan(self.graph.prefix_token, tuple(slices), *self._network_of(slices))
             self._scans[svc.key] = scan
         network = matches[0][1] if matches else scan.pod_network
         sources = self.graph.allowed_sources(ref, network) if network else frozenset()
-        conditions = ()
+        conditions: tuple[Condition, ...] = ()
+        if not matches and len(scan.pod_networks) > 1:
+            conditions = (
+                Condition(
+                    "split_endpoints",
+                    f"Service/{svc.key}",
+                    f"its endpoints lie in pod networks {', '.join(scan.pod_networks)}: bound to "
+                    f"{scan.pod_network} (most endpoints, then name order); the others are "
+                    "excluded unless a NetworkBindingPolicy says otherwise",
+                ),
+            )
         if len(matches) > 1:
             others = ", ".join(f"{policy} ({net})" for policy, net in matches[1:])
             conditions = (
@@ -115,6 +128,9 @@ class NetworkView:
         excluded: list[tuple[str, str]] = []
         narrowed = []
         for sl in slices:
+            if sl.address_type not in ADDRESS_TYPES:  # FQDN: never proxied (the table skips it)
+                narrowed.append(sl)
+                continue
             kept = []
             for ep in sl.endpoints:
                 address = ep.addresses[0]
@@ -160,11 +176,18 @@ class NetworkView:
             out += binding.conditions
         return out
 
-    def _network_of(self, slices: list[EndpointSlice]) -> str | None:
-        """The pod network that holds the service's endpoints (the first that has one)."""
+    def _network_of(self, slices: list[EndpointSlice]) -> tuple[str | None, tuple[str, ...]]:
+        """The pod network holding most of the service's endpoints (ties: the first name),
+        and every pod network that holds some: the choice must not depend on arrival order."""
+        counts: dict[str, int] = {}
         for sl in slices:
+            if sl.address_type not in ADDRESS_TYPES:
+                continue
             for ep in sl.endpoints:
                 network = self.graph.classify(ep.addresses[0])
                 if network is not None and self.graph.networks[network].type in ("l3", "l2"):
-                    return network
-        return None
+                    counts[network] = counts.get(network, 0) + 1
+        if not counts:
+            return None, ()
+        ranked = sorted(counts, key=lambda n: (-counts[n], n))
+        return ranked[0], tuple(sorted(counts))

@@ -237,6 +237,19 @@ def test_external_traffic_policy_local(proxy: Harness) -> None:
         assert set(names(many(tb.pods[2], address, port, n=20))) == {"pod2", "pod3"}, address
     # So is the node itself (its traffic is translated in output, never dropped).
     assert set(names(many(tb.node, LB4, 80, n=20))) == {"pod2", "pod3"}
+    # The same with ClientIP affinity (kube-proxy's per-endpoint layout).
+    spec["sessionAffinity"] = "ClientIP"
+    proxy.write(
+        "local",
+        service("local", [VIP4], **spec),  # type: ignore[arg-type]
+        endpoints("local", tb.pods[1:], node=OTHER_NODE, name="local-b"),
+    )
+    proxy.sync()
+    for address, port in ((UPLINK_NODE4, 30080), (LB4, 80)):
+        assert request_tcp(tb.client, address, port, timeout=1.0).outcome == "timeout"
+        assert set(names(many(tb.pods[2], address, port, n=5))) <= {"pod2", "pod3"}
+        assert names(many(tb.pods[2], address, port, n=5))["timeout"] == 0
+    assert names(many(tb.node, LB4, 80, n=5))["timeout"] == 0
 
 
 def test_internal_traffic_policy_local(proxy: Harness) -> None:

@@ -19,6 +19,7 @@ import pytest
 from lace_proxy.dataplane.routes import RoutingSettings
 from lace_proxy.sandbox.cluster import (
     A1_4,
+    ABLUE4,
     B1_4,
     BBLUE4,
     NEAR_CIDR4,
@@ -82,7 +83,14 @@ def node_metrics(tb: ClusterTestbed) -> list[dict[str, Any]]:
 class Cluster:
     """A proxy on each node of a ClusterTestbed, fed the same manifests."""
 
-    def __init__(self, tb: ClusterTestbed, folder: Path, *, service_cidrs: bool = True) -> None:
+    def __init__(
+        self,
+        tb: ClusterTestbed,
+        folder: Path,
+        *,
+        service_cidrs: bool = True,
+        pod_interfaces: str = "",
+    ) -> None:
         routing_settings = RoutingSettings(service_cidrs=(SERVICE_CIDR4,) if service_cidrs else ())
         self.proxies = {
             name: Harness(
@@ -93,6 +101,7 @@ class Cluster:
                 routing=routing_settings,
                 cluster_cidrs=("10.251.0.0/16", "10.254.0.0/16"),
                 service_cidrs=routing_settings.service_cidrs,
+                pod_interface_prefix=pod_interfaces,
             )
             for name, host in tb.nodes.items()
         }
@@ -175,6 +184,33 @@ def test_a_peered_longer_prefix_inside_an_unpeered_network_is_reachable(
     a = node(cluster, "node-a")
     assert answered_by(request_tcp(a, B1_4, 8080), "b1")
     assert denied(request_tcp(a, BBLUE4, 8080))
+    # The kernel holds the addresses that classify into unpeered networks, read back exactly.
+    held = lace.proxies["node-a"].backend.read_back()
+    assert held is not None
+    assert held.elements["host-unpeered-v4"] == {
+        "10.251.0.0/23",
+        "10.251.3.0-10.251.255.255",
+        "10.254.0.0/16",
+    }
+
+
+def test_the_node_reaches_its_own_pods_of_every_network_through_pod_interfaces(
+    cluster: ClusterTestbed, tmp_path: Path
+) -> None:
+    """Node.spec.podCIDRs name the default network's block only; with the pod interfaces'
+    prefix (detectLocal.interfaceNamePrefix) the node's own blue pod is exempt too."""
+    a = node(cluster, "node-a")
+    for prefix in ("", "v"):  # pod veths: va1, vablue, vb1, ... (the uplink is eth0)
+        c = Cluster(cluster, tmp_path / (prefix or "none"), pod_interfaces=prefix)
+        try:
+            c.write("networks", *NETWORKS)
+            c.sync()
+            reply = request_tcp(a, ABLUE4, 8080)
+            assert answered_by(reply, "ablue") if prefix else denied(reply), (prefix, reply)
+            assert answered_by(request_tcp(a, A1_4, 8080), "a1")  # in its podCIDRs
+            assert denied(request_tcp(a, BBLUE4, 8080))  # another node's: not a local pod
+        finally:
+            c.close()
 
 
 def test_without_networks_the_node_reaches_every_pod_and_lace_owns_no_rules(

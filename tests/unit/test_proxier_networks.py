@@ -72,3 +72,68 @@ def test_conditions_are_logged_once_and_exported(caplog: pytest.LogCaptureFixtur
     exposition = p.metrics.exposition()[0].decode()
     assert 'lace_proxy_network_conditions{code="two_bindings"} 0.0' in exposition
     assert 'lace_proxy_network_conditions{code="unknown_network"} 0.0' in exposition
+
+
+def backends(p: Proxier, service: str = "default/web") -> list[str]:
+    p.table.build()
+    p.table.commit()
+    return sorted(
+        b.ip for plan in p.table.plans() if plan.service == service for b in plan.cluster_backends
+    )
+
+
+def test_fqdn_slices_are_passed_over_by_the_network_model() -> None:
+    p = proxier()
+    p.service_upserted(svc("web"))
+    p.slice_upserted(eps(ep("example.com"), name="web-fqdn", address_type="FQDN"))
+    p.slice_upserted(eps(ep("10.251.0.10")))
+    for obj in NETWORKS:
+        lace(p, obj)
+    assert p.networks.bindings["default/web"].network == "default"
+    assert backends(p) == ["10.251.0.10"]
+
+
+def test_the_network_of_an_unbound_service_does_not_depend_on_arrival_order() -> None:
+    def bound(order: list[str]) -> tuple[str | None, list[str]]:
+        p = proxier()
+        for obj in NETWORKS:
+            lace(p, obj)
+        p.service_upserted(svc("web"))
+        slices = {
+            "a": eps(ep("10.251.0.10"), name="web-a"),
+            "b": eps(ep("10.253.0.10"), ep("10.253.0.11"), name="web-b"),
+        }
+        for name in order:
+            p.slice_upserted(slices[name])
+        binding = p.networks.bindings["default/web"]
+        return binding.network, [c.code for c in binding.conditions]
+
+    # `other` holds two endpoints, `default` one: other wins, in either order, and says so.
+    assert bound(["a", "b"]) == bound(["b", "a"]) == ("other", ["split_endpoints"])
+
+
+def test_turning_the_model_off_restores_slices_of_a_service_that_was_away() -> None:
+    p = proxier()
+    for obj in NETWORKS:
+        lace(p, obj)
+    p.service_upserted(svc("web"))
+    p.slice_upserted(eps(ep("10.251.0.10"), ep("10.250.0.1")))
+    assert backends(p) == ["10.251.0.10"]
+    p.service_deleted("default/web")
+    for obj in NETWORKS:
+        p.lace_deleted(obj["kind"], obj["metadata"]["name"])
+    p.service_upserted(svc("web"))
+    assert backends(p) == ["10.250.0.1", "10.251.0.10"]  # plain kube-proxy: both
+
+
+def test_a_slice_moving_to_another_service_rebinds_the_one_it_left() -> None:
+    p = proxier()
+    for obj in NETWORKS:
+        lace(p, obj)
+    p.service_upserted(svc("web"))
+    p.service_upserted(svc("db", ips=("10.96.0.11",)))
+    p.slice_upserted(eps(ep("10.251.0.10"), name="shared"))
+    assert p.networks.bindings["default/web"].network == "default"
+    p.slice_upserted(eps(ep("10.251.0.10"), name="shared", service="db"))
+    assert p.networks.bindings["default/web"].network is None
+    assert p.networks.bindings["default/db"].network == "default"
