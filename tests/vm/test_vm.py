@@ -1,0 +1,53 @@
+"""Runs the ``ipvs`` tests (tests/vm/inner/) in the VM, and proves the harness both ways: a
+failure inside fails here with the inner output, a hung guest is killed in time."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from .conftest import Vm
+from .harness import Job, VmError
+
+INNER = "tests/vm/inner"
+
+
+def children() -> set[int]:
+    """Live processes whose parent is this one (qemu and virtiofsd while a VM runs)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z":
+            found.add(int(stat.parent.name))
+    return found
+
+
+def test_ipvs_suite_passes_in_the_vm(vm: Vm) -> None:
+    result = vm.pytest([INNER, "-q", "-rs"])
+    assert result.passed, result.report()
+    assert result.junit is not None, result.report()
+    assert result.junit.tests > 0 and result.junit.skipped == 0, result.report()
+
+
+def test_inner_failure_fails_with_inner_output(vm: Vm) -> None:
+    result = vm.pytest(
+        [f"{INNER}/test_guest.py::test_fails_on_purpose_when_asked", "-q"],
+        env={"LACE_PROXY_VM_FAIL_ON_PURPOSE": "1"},
+    )
+    assert result.returncode == 1, result.report()
+    assert result.junit is not None and result.junit.failures == 1, result.report()
+    assert "failing on purpose (LACE_PROXY_VM_FAIL_ON_PURPOSE=1)" in result.output
+    assert "failing on purpose" in result.report()
+
+
+def test_hung_guest_is_killed_at_the_timeout(vm: Vm) -> None:
+    before = children()
+    with pytest.raises(VmError, match=r"did not finish within 10 s") as failure:
+        vm.run([Job(["sleep", "600"])], timeout=10)
+    assert "--- VM console ---" in str(failure.value)
+    assert children() == before  # qemu and both virtiofsd are gone
