@@ -123,9 +123,8 @@ def _proxier(netns: str | None) -> Proxier:
     return proxier
 
 
-def _load(cluster: Cluster, with_networks: bool) -> tuple[Proxier, float]:
-    proxier = _proxier(None)
-    started = time.perf_counter()
+def _deliver(proxier: Proxier, cluster: Cluster, with_networks: bool = True) -> None:
+    """Every object, as a source delivers them (networks first, as after a restart)."""
     if with_networks:
         for obj in cluster.lace:
             proxier.lace_upserted(obj)
@@ -133,6 +132,12 @@ def _load(cluster: Cluster, with_networks: bool) -> tuple[Proxier, float]:
         proxier.service_upserted(svc)
     for sl in cluster.slices:
         proxier.slice_upserted(sl)
+
+
+def _load(cluster: Cluster, with_networks: bool) -> tuple[Proxier, float]:
+    proxier = _proxier(None)
+    started = time.perf_counter()
+    _deliver(proxier, cluster, with_networks)
     proxier.table.build()
     proxier.table.commit()
     return proxier, time.perf_counter() - started
@@ -181,12 +186,7 @@ def _nft(cluster: Cluster, change: LaceObject) -> dict[str, Any]:
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
         proxier = _proxier(ns)
-        for obj in cluster.lace:
-            proxier.lace_upserted(obj)
-        for svc in cluster.services:
-            proxier.service_upserted(svc)
-        for sl in cluster.slices:
-            proxier.slice_upserted(sl)
+        _deliver(proxier, cluster)
         started = time.perf_counter()
         assert asyncio.run(proxier.sync(full=True)), proxier.stats.last_error
         cold = time.perf_counter() - started

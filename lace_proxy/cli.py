@@ -41,6 +41,7 @@ from lace_proxy.sources.files import ManifestSource
 from lace_proxy.sources.kube import SOURCE_NAME as KUBE
 from lace_proxy.sources.kube import KubeSource, api_client
 from lace_proxy.table import ServiceTable
+from lace_proxy.table.changeset import backend_state
 
 log = logging.getLogger("lace_proxy")
 
@@ -207,17 +208,7 @@ def cmd_table(args: argparse.Namespace) -> int:
                     "network": _network_of(networks, plan.service),
                     # The source networks that may reach it (None: no network model).
                     "reachableFrom": None if plan.access is None else list(plan.access.sources),
-                    "backends": [
-                        {
-                            "ip": b.ip,
-                            "port": b.port,
-                            "ready": b.ready,
-                            "serving": b.serving,
-                            "terminating": b.terminating,
-                            "local": b.local,
-                        }
-                        for b in f.backends
-                    ],
+                    "backends": [backend_state(b) for b in f.backends],
                     "_text": _backend_rows(f.backends),
                 }
             )

@@ -47,6 +47,7 @@ from lace_proxy.model import (
 from lace_proxy.networks.graph import Condition, NetworkGraph, NetworkLayout
 from lace_proxy.networks.view import Binding
 from lace_proxy.table import CLUSTER_IP, LOAD_BALANCER, NODE_PORT, Access
+from lace_proxy.table.changeset import backend_state
 
 if TYPE_CHECKING:
     from lace_proxy.proxier import Proxier
@@ -280,17 +281,7 @@ class Explanation:
             "allowed": self.goes_through,
             "reason": self.reason,
             "allowedBy": [{"kind": k, "name": n} for k, n in self.allowed_by],
-            "backends": [
-                {
-                    "ip": b.ip,
-                    "port": b.port,
-                    "ready": b.ready,
-                    "serving": b.serving,
-                    "terminating": b.terminating,
-                    "local": b.local,
-                }
-                for b in self.backends
-            ],
+            "backends": [backend_state(b) for b in self.backends],
             "noBackends": self.no_backends,
             "excluded": [{"address": a, "reason": r} for a, r in self.excluded],
             "conditions": [

@@ -65,6 +65,19 @@ class Changeset:
         return len(self.added) + len(self.removed) + len(self.updated)
 
 
+def backend_state(backend: Any) -> dict[str, Any]:
+    """A backend as operators read it (the CLI's JSON): address and conditions."""
+    b = backend
+    return {
+        "ip": b.ip,
+        "port": b.port,
+        "ready": b.ready,
+        "serving": b.serving,
+        "terminating": b.terminating,
+        "local": b.local,
+    }
+
+
 def plan_frontends(plan: Any) -> Iterator[Frontend]:
     """Each frontend of a plan, ClusterIP first; shared by both twins (reads public attributes)."""
     p = plan
