@@ -128,6 +128,7 @@ cdef Py_ssize_t SVC_AFFINITY_TIMEOUT = _offset(Service, "affinity_timeout")
 cdef Py_ssize_t SVC_HC_PORT = _offset(Service, "health_check_node_port")
 cdef Py_ssize_t SVC_HEADLESS = _offset(Service, "headless")
 cdef Py_ssize_t SVC_PROXY_NAME = _offset(Service, "proxy_name")
+cdef Py_ssize_t SVC_SCHEDULER = _offset(Service, "ipvs_scheduler")
 cdef Py_ssize_t SP_NAME = _offset(ServicePort, "name")
 cdef Py_ssize_t SP_PROTOCOL = _offset(ServicePort, "protocol")
 cdef Py_ssize_t SP_PORT = _offset(ServicePort, "port")
@@ -214,6 +215,7 @@ cdef class Plan:
     cdef readonly bint internal_local, external_local
     cdef readonly object internal_verdict, external_verdict
     cdef readonly object access  # Access | None
+    cdef readonly str scheduler  # "" for the configured default
 
     @property
     def internal_backends(self):
@@ -255,6 +257,7 @@ cdef bint _plan_eq(Plan a, Plan b):
             and a.lb_source_ranges == b.lb_source_ranges
             and a.cluster_backends == b.cluster_backends
             and a.local_backends == b.local_backends
+            and a.scheduler == b.scheduler
             and (a.access is b.access or a.access == b.access))
 
 
@@ -716,6 +719,7 @@ cdef Plan _plan_without(Plan p, frozenset lost):
     q.internal_verdict = p.internal_verdict
     q.external_verdict = p.external_verdict
     q.access = p.access
+    q.scheduler = p.scheduler
     return q
 
 
@@ -1104,6 +1108,9 @@ cdef class ServiceTable:
         cdef object svc_ranges = _field(svc, exact, SVC_LB_RANGES, "lb_source_ranges")
         cdef tuple ports = tuple(_field(svc, exact, SVC_PORTS, "ports"))
         cdef object access = self._access.get(key) if self._access else None
+        cdef object scheduler = _field(svc, exact, SVC_SCHEDULER, "ipvs_scheduler")
+        if scheduler is None:
+            scheduler = ""
         cdef int family, node_port, mode
         cdef bint accessible, external_local, uses_cluster, uses_local, has_any, sp_exact
         cdef bint local_ready, local_terminating
@@ -1184,6 +1191,7 @@ cdef class ServiceTable:
                         "drop" if external_local and len(local) == 0 else None)
                 plan.health_check_node_port = hc_port if external_local else 0
                 plan.access = access
+                plan.scheduler = scheduler
                 if result is None:
                     result = plan
                 elif type(result) is Plan:

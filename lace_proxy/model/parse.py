@@ -27,6 +27,9 @@ from lace_proxy.model.node import ZONE_LABEL, Node
 from lace_proxy.model.service import (
     DEFAULT_AFFINITY_TIMEOUT,
     HEADLESS_LABEL,
+    IPVS_SCHEDULER_ANNOTATION,
+    KUBE_ROUTER_SCHEDULER_ANNOTATION,
+    SERVICE_IPVS_SCHEDULERS,
     SERVICE_PROXY_NAME_LABEL,
     Service,
     ServicePort,
@@ -231,6 +234,7 @@ def parse_service(obj: dict[str, Any]) -> Service:
     healthCheckNodePort is kept only for a LoadBalancer with that policy; load-balancer
     ingress entries without an IP, or with ipMode "Proxy", give no VIP; the affinity timeout
     is read only with sessionAffinity ClientIP; ExternalName services have no cluster IPs.
+    The IPVS scheduler comes from an annotation (see `_ipvs_scheduler`).
     """
     s, meta, namespace, name = _metadata(obj, "Service", namespaced=True)
     labels = _labels(s, meta)
@@ -294,6 +298,7 @@ def parse_service(obj: dict[str, Any]) -> Service:
         headless=headless,
         proxy_name=labels.get(SERVICE_PROXY_NAME_LABEL),
         labels=_sorted_pairs(labels),
+        ipvs_scheduler=_ipvs_scheduler(s, meta),
     )
 
 
@@ -383,6 +388,25 @@ def _lb_source_ranges(s: _Subject, spec: dict[str, Any], meta: dict[str, Any]) -
     if text is None or not text.strip():
         return ()
     return tuple(_cidr(s, item, field) for item in text.split(","))
+
+
+def _ipvs_scheduler(s: _Subject, meta: dict[str, Any]) -> str | None:
+    """The lace-proxy scheduler annotation, else kube-router's; None when neither is set.
+
+    Only the annotation in effect is checked: when lace-proxy's is set, kube-router's is
+    ignored whatever it holds. An empty value counts as unset.
+    """
+    annotations = _mapping(s, meta.get("annotations"), "metadata.annotations")
+    for key in (IPVS_SCHEDULER_ANNOTATION, KUBE_ROUTER_SCHEDULER_ANNOTATION):
+        field = f'metadata.annotations["{key}"]'
+        scheduler = _opt_str(s, annotations.get(key), field)
+        if scheduler is None:
+            continue
+        if scheduler not in SERVICE_IPVS_SCHEDULERS:
+            reason = f"must be one of {', '.join(SERVICE_IPVS_SCHEDULERS)}"
+            s.fail(field, scheduler, reason, "invalid_scheduler")
+        return scheduler
+    return None
 
 
 def _affinity_timeout(s: _Subject, spec: dict[str, Any]) -> int:

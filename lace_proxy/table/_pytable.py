@@ -47,6 +47,7 @@ class Plan(NamedTuple):
     this node's endpoints, for the Local policies. A verdict of "reject"/"drop" replaces
     load balancing for internal (ClusterIP) or external (NodePort, ExternalIP, LB) traffic.
     `access` says which Lace networks may reach the frontends (None: no network model).
+    `scheduler` is the IPVS scheduler the service asks for ("": the configured default).
     """
 
     id: str
@@ -69,6 +70,7 @@ class Plan(NamedTuple):
     external_verdict: str | None
     health_check_node_port: int
     access: Access | None = None
+    scheduler: str = ""
 
     @property
     def internal_backends(self) -> tuple[Backend, ...]:
@@ -265,6 +267,7 @@ class ServiceTable:
         merged = self._merge(self._slices_by_service.get(key, {}))
         plans: dict[str, Plan] = {}
         access = self._access.get(key)
+        scheduler = svc.ipvs_scheduler or ""
         external_capable = svc.type in ("NodePort", "LoadBalancer")
         for cluster_ip in svc.cluster_ips:
             family = _family(cluster_ip)
@@ -316,6 +319,7 @@ class ServiceTable:
                     external_verdict,
                     svc.health_check_node_port if external_local else 0,
                     access,
+                    scheduler,
                 )
         return plans
 

@@ -62,4 +62,5 @@ def plan_view(plan: Any) -> tuple[Any, ...]:
         plan.external_verdict,
         plan.health_check_node_port,
         plan.access,
+        plan.scheduler,
     )

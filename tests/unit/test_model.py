@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from lace_proxy.config import IPVS_SCHEDULERS
 from lace_proxy.model import (
     LB_SOURCE_RANGES_ANNOTATION,
     Endpoint,
@@ -28,6 +29,11 @@ from lace_proxy.model import (
     parse_node,
     parse_object,
     parse_service,
+)
+from lace_proxy.model.service import (
+    IPVS_SCHEDULER_ANNOTATION,
+    KUBE_ROUTER_SCHEDULER_ANNOTATION,
+    SERVICE_IPVS_SCHEDULERS,
 )
 
 from ..helpers import assert_junk_is_rejected_cleanly
@@ -372,6 +378,59 @@ def test_affinity_timeout_default_and_ignored_without_client_ip() -> None:
     assert not_sticky.affinity_timeout == 10800
 
 
+def annotated(annotations: dict[str, Any]) -> dict[str, Any]:
+    obj = service()
+    obj["metadata"]["annotations"] = annotations
+    return obj
+
+
+def test_service_schedulers_are_kube_proxys_plus_maglev() -> None:
+    assert (*IPVS_SCHEDULERS, "mh") == SERVICE_IPVS_SCHEDULERS
+    assert IPVS_SCHEDULER_ANNOTATION == "lace-proxy.lace-cni.io/ipvs-scheduler"
+    assert KUBE_ROUTER_SCHEDULER_ANNOTATION == "kube-router.io/service.scheduler"
+
+
+@pytest.mark.parametrize("scheduler", SERVICE_IPVS_SCHEDULERS)
+def test_ipvs_scheduler_from_annotation(scheduler: str) -> None:
+    svc = parse_service(annotated({IPVS_SCHEDULER_ANNOTATION: scheduler}))
+    assert svc.ipvs_scheduler == scheduler
+
+
+@pytest.mark.parametrize("scheduler", ["sh", "mh"])
+def test_ipvs_scheduler_falls_back_to_kube_routers_annotation(scheduler: str) -> None:
+    svc = parse_service(annotated({KUBE_ROUTER_SCHEDULER_ANNOTATION: scheduler}))
+    assert svc.ipvs_scheduler == scheduler
+
+
+@pytest.mark.parametrize("kube_router", ["sh", "fifo", ""])
+def test_lace_proxy_scheduler_annotation_wins_over_kube_routers(kube_router: str) -> None:
+    """kube-router's annotation is not even checked when lace-proxy's is set."""
+    obj = annotated(
+        {KUBE_ROUTER_SCHEDULER_ANNOTATION: kube_router, IPVS_SCHEDULER_ANNOTATION: "lc"}
+    )
+    assert parse_service(obj).ipvs_scheduler == "lc"
+
+
+def test_empty_lace_proxy_scheduler_annotation_lets_kube_routers_apply() -> None:
+    obj = annotated({IPVS_SCHEDULER_ANNOTATION: "", KUBE_ROUTER_SCHEDULER_ANNOTATION: "dh"})
+    assert parse_service(obj).ipvs_scheduler == "dh"
+
+
+@pytest.mark.parametrize("annotations", [None, {}, {IPVS_SCHEDULER_ANNOTATION: ""}])
+def test_no_scheduler_annotation_means_the_configured_default(annotations: Any) -> None:
+    assert parse_service(annotated(annotations)).ipvs_scheduler is None
+    assert Service("default", "web", "ClusterIP", (), ()).ipvs_scheduler is None
+
+
+def test_invalid_scheduler_message_names_the_annotation() -> None:
+    error = rejected(parse_service, annotated({IPVS_SCHEDULER_ANNOTATION: "fifo"}))
+    assert error.code == "invalid_scheduler"
+    assert str(error) == (
+        'Service default/web: metadata.annotations["lace-proxy.lace-cni.io/ipvs-scheduler"]'
+        '="fifo": must be one of rr, wrr, lc, wlc, lblc, lblcr, sh, dh, sed, nq, mh'
+    )
+
+
 def test_ipv4_mapped_ipv6_is_the_ipv4_address() -> None:
     assert parse_service(service(externalIPs=["::ffff:192.0.2.1"])).external_ips == ("192.0.2.1",)
 
@@ -550,6 +609,30 @@ SERVICE_ERRORS = [
     (_set("metadata.labels", {"app": 1}), 'metadata.labels["app"]', 1, "invalid_type"),
     (_set("metadata.labels", ["app=web"]), "metadata.labels", ["app=web"], "invalid_type"),
     (_set("metadata.annotations", "x"), "metadata.annotations", "x", "invalid_type"),
+    (
+        _set("metadata.annotations", {IPVS_SCHEDULER_ANNOTATION: "RR"}),
+        f'metadata.annotations["{IPVS_SCHEDULER_ANNOTATION}"]',
+        "RR",
+        "invalid_scheduler",
+    ),
+    (
+        _set("metadata.annotations", {IPVS_SCHEDULER_ANNOTATION: " rr"}),
+        f'metadata.annotations["{IPVS_SCHEDULER_ANNOTATION}"]',
+        " rr",
+        "invalid_scheduler",
+    ),
+    (
+        _set("metadata.annotations", {IPVS_SCHEDULER_ANNOTATION: 1}),
+        f'metadata.annotations["{IPVS_SCHEDULER_ANNOTATION}"]',
+        1,
+        "invalid_type",
+    ),
+    (
+        _set("metadata.annotations", {KUBE_ROUTER_SCHEDULER_ANNOTATION: "fifo"}),
+        f'metadata.annotations["{KUBE_ROUTER_SCHEDULER_ANNOTATION}"]',
+        "fifo",
+        "invalid_scheduler",
+    ),
     (_set("spec", []), "spec", [], "invalid_type"),
     (_set("status", "ok"), "status", "ok", "invalid_type"),
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
@@ -363,6 +364,8 @@ def random_cluster(seed: int) -> list[Any]:
                 external_traffic_policy=rng.choice(["Cluster", "Local"]),
                 internal_traffic_policy=rng.choice(["Cluster", "Local"]),
                 session_affinity=rng.random() < 0.3,
+                # From i, not rng: the random stream (and so the cases) stays as it was.
+                ipvs_scheduler=(None, "rr", "mh")[i % 3],
             )
         )
         for fam in (4, 6) if dual else (4,):
@@ -537,7 +540,10 @@ def random_operations(seed: int) -> list[tuple[str, Any]]:
         elif roll < 0.45 and slices:
             ops.append(("delete_slice", rng.choice(slices).key))
         elif roll < 0.55:
-            ops.append(("upsert", rng.choice(services)))
+            service = rng.choice(services)
+            if len(ops) % 3 == 0:  # a scheduler change alone (chosen without the rng)
+                service = replace(service, ipvs_scheduler=("sh", None, "wlc")[len(ops) % 9 // 3])
+            ops.append(("upsert", service))
         elif roll < 0.6:
             ops.append(("delete_service", rng.choice(services).key))
         elif roll < 0.63:
@@ -624,3 +630,40 @@ def test_access_is_part_of_every_plan_and_a_change_of_it_alone_is_an_update(
     table.build()
     table.commit()
     assert only_plan(table).access is None
+
+
+def test_plan_carries_the_services_ipvs_scheduler(twin: ModuleType) -> None:
+    table = built(
+        twin, svc(ips=("10.96.0.10", "fd00::10"), ipvs_scheduler="mh"), eps(ep("10.0.0.1"))
+    )
+    assert sorted(p.scheduler for p in table.plans()) == ["mh", "mh"]
+
+
+def test_no_scheduler_is_the_empty_string(twin: ModuleType) -> None:
+    assert only_plan(built(twin, svc(), eps(ep("10.0.0.1")))).scheduler == ""
+
+
+def test_a_scheduler_change_alone_is_an_update(twin: ModuleType) -> None:
+    table = built(twin, svc(), eps(ep("10.0.0.1")))
+    table.upsert_service(svc(ipvs_scheduler="sh"))
+    change = table.build()
+    assert not change.added and not change.removed
+    ((old, new),) = change.updated
+    assert (old.scheduler, new.scheduler) == ("", "sh")
+    assert plan_view(old)[:-1] == plan_view(new)[:-1]  # nothing else changed
+    table.commit()
+    table.upsert_service(svc(ipvs_scheduler="sh"))  # the same again: no change
+    assert not table.build()
+    table.commit()
+    table.upsert_service(svc())
+    ((old, new),) = table.build().updated
+    assert (old.scheduler, new.scheduler) == ("sh", "")
+
+
+def test_scheduler_survives_a_frontend_conflict(twin: ModuleType) -> None:
+    """A service that lost some frontends to another keeps its scheduler on what remains."""
+    first = svc("a", external_ips=("198.51.100.1",))
+    second = svc("b", ips=("10.96.0.11",), external_ips=("198.51.100.1",), ipvs_scheduler="lc")
+    table = built(twin, first, second)
+    plan = next(p for p in table.plans() if p.service == "default/b")
+    assert plan.external_ips == () and plan.scheduler == "lc"
