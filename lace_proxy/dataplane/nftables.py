@@ -96,6 +96,9 @@ class NftablesSettings:
     # the node's own connections out of them (to its local pods, e.g. kubelet probes) are
     # never refused; without it only its podCIDRs are exempt.
     pod_interface_prefix: str = ""
+    # False in IPVS mode: IPVS translates (and remembers ClientIP affinity); nftables only
+    # filters, marks for masquerade and enforces the network model.
+    translate: bool = True
 
     def __post_init__(self) -> None:
         if not TABLE_NAME.match(self.table):
@@ -215,7 +218,7 @@ class Renderer:
         out.shared.add((f"cluster-ips-{v}", plan.cluster_ip))
         for b in (*plan.cluster_backends, *plan.local_backends):
             out.shared.add((f"hairpin-{v}", f"{b.ip} . {b.ip}"))
-        if plan.affinity_timeout and (plan.external_local or fam == 6):
+        if plan.affinity_timeout and (plan.external_local or fam == 6) and self.s.translate:
             # Per-endpoint state, as kube-proxy: affinity under externalTrafficPolicy Local
             # (rare), and IPv6 affinity (nft 1.0.6 cannot record an IPv6 address . port).
             self._render_chained(plan, out)
@@ -344,7 +347,7 @@ class Renderer:
         # ClientIP affinity: the "a" chains mark the connection with the plan's affinity id
         # and DNAT to the endpoint remembered for (client, frontend, id) if there is one;
         # postrouting records the endpoint chosen (see base()).
-        affinity = plan.affinity_timeout
+        affinity = plan.affinity_timeout if self.s.translate else 0
         a = "a" if affinity else ""
         aid = self.affinity_ids.get(plan.id) if affinity else ""
         if affinity:
@@ -432,6 +435,8 @@ class Renderer:
         def dnat(key: str, container: str) -> str:
             return f"dnat {ip} to {key} . numgen random mod {n} map @{container}-{v}"
 
+        if not self.s.translate and kind in ("lb", "npc"):
+            return ()  # IPVS translates: the packet goes on to it
         if kind == "lb":
             return (dnat(lookup, "endpoints"),)
         if kind == "arec":  # n is the affinity timeout here
@@ -473,7 +478,7 @@ class Renderer:
             rules.append(f"{ip} saddr @cluster-cidrs-{v} {route}")
         rules.append("fib saddr type local jump mark-for-masquerade")
         rules.append(f"fib saddr type local {route}")
-        if n:  # none: only the short-circuit (no local endpoints; the filter drops the rest)
+        if n and self.s.translate:  # n = 0: only the short-circuit (the filter drops the rest)
             rules.append(f"meta nfproto ipv{fam} {dnat(key, local_map)}")
         return tuple(rules)
 
@@ -580,6 +585,9 @@ class Renderer:
         """The table's fixed skeleton: base chains, helper chains, maps and sets."""
         t = self.s.table
         mark = 1 << self.s.masquerade_bit
+        # A hairpin pair after nftables' own DNAT; under IPVS (whose translation nftables
+        # does not see as DNAT) the pair alone, as kube-proxy's IPVS mode does.
+        dnatted = "ct status dnat " if self.s.translate else ""
         lines = [f"table inet {t} {{"]
         for fam in FAMILIES:
             v = f"v{fam}"
@@ -631,8 +639,8 @@ class Renderer:
             f"    meta mark set meta mark | {mark:#x}",
             "  }",
             "  chain masquerading {",
-            "    ct status dnat ip saddr . ip daddr @hairpin-v4 jump mark-for-masquerade",
-            "    ct status dnat ip6 saddr . ip6 daddr @hairpin-v6 jump mark-for-masquerade",
+            f"    {dnatted}ip saddr . ip daddr @hairpin-v4 jump mark-for-masquerade",
+            f"    {dnatted}ip6 saddr . ip6 daddr @hairpin-v6 jump mark-for-masquerade",
             f"    meta mark & {mark:#x} == 0 return",
             f"    meta mark set meta mark ^ {mark:#x}",
             "    masquerade fully-random",
@@ -690,6 +698,17 @@ class Renderer:
         lines += ["  }"]
         for name in ACCESS_CHAINS:
             lines += [f"  chain {name} {{", "  }"]
+        if not self.s.translate:
+            # Under IPVS the service addresses are the node's own: anything but a service
+            # port must not reach the node's sockets (as kube-proxy's KUBE-IPVS-FILTER).
+            lines += ["  chain ipvs-ports-check {"]
+            for fam in FAMILIES:
+                ip, v = _ip(fam), f"v{fam}"
+                lines.append(
+                    f"    {ip} daddr @cluster-ips-{v} {ip} daddr . meta l4proto . th dport"
+                    f" != @service-ips-{v} goto reject-chain"
+                )
+            lines += ["  }"]
         lines += ["  chain cluster-ips-check {"]
         for fam in FAMILIES:
             ip, v = _ip(fam), f"v{fam}"
@@ -707,6 +726,7 @@ class Renderer:
             "    ct state new jump nodeport-endpoints-check",
             "    ct state new jump service-endpoints-check",
             "    ct state new jump external-endpoints-check",
+            *(() if self.s.translate else ("    ct state new jump ipvs-ports-check",)),
             "  }",
             "  chain filter-forward {",
             "    type filter hook forward priority -110; policy accept;",
