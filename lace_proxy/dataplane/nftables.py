@@ -357,6 +357,8 @@ class Renderer:
 
         internal = local if plan.internal_local else cluster
         cluster_key = f"{plan.cluster_ip} . {key}"
+        if not self.s.translate:
+            out.element(f"service-ports-{v}", cluster_key)
         if plan.internal_verdict is None and internal:
             count = len(internal)
             out.element(f"service-ips-{v}", f"{cluster_key} : goto {a}lb-{v}-{count}")
@@ -626,6 +628,9 @@ class Renderer:
                 f"{self._elements(fam, self.s.cluster_cidrs)}}}",
                 f"  set nodeport-cidrs-{v} {{ type {at}; flags interval; "
                 f"{self._elements(fam, self._nodeport_cidrs())}}}",
+                # IPVS mode: the ClusterIP frontends (a set: older kernels cannot negate a
+                # lookup in a map).
+                f"  set service-ports-{v} {{ type {at} . inet_proto . inet_service; }}",
                 f"  set service-cidrs-{v} {{ type {at}; flags interval; "
                 f"{self._elements(fam, self.s.service_cidrs)}}}",
                 f"  set controlled-{v} {{ type {at} . inet_proto . inet_service; }}",
@@ -706,7 +711,7 @@ class Renderer:
                 ip, v = _ip(fam), f"v{fam}"
                 lines.append(
                     f"    {ip} daddr @cluster-ips-{v} {ip} daddr . meta l4proto . th dport"
-                    f" != @service-ips-{v} goto reject-chain"
+                    f" != @service-ports-{v} goto reject-chain"
                 )
             lines += ["  }"]
         lines += ["  chain cluster-ips-check {"]

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from lace_proxy.dataplane.conntrack import Conntrack
+from lace_proxy.dataplane.ipvs import IpvsBackend, IpvsSettings
 from lace_proxy.dataplane.nft import Nft
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
 from lace_proxy.dataplane.routes import PolicyRoutes, RoutingSettings
@@ -100,7 +101,8 @@ class Harness:
     """The proxy's own pipeline, synced on demand, programming a testbed's node.
 
     `node` is the namespace programmed (the single-node testbed's node by default) and
-    `node_name` the Node it is; `routing` turns on the policy routes.
+    `node_name` the Node it is; `routing` turns on the policy routes; `mode` "ipvs" programs
+    IPVS (plus nftables without translation; needs an IPVS kernel: tests/vm).
     """
 
     def __init__(
@@ -111,6 +113,7 @@ class Harness:
         node: Host | None = None,
         node_name: str = NODE,
         routing: RoutingSettings | None = None,
+        mode: str = "nftables",
         **settings: Any,
     ) -> None:
         self.tb = tb
@@ -118,7 +121,12 @@ class Harness:
         folder.mkdir(parents=True, exist_ok=True)
         netns = (node or tb.node).ns.name  # type: ignore[attr-defined]
         settings.setdefault("cluster_cidrs", (POD_CIDR4, POD_CIDR6))
-        self.backend = NftablesBackend(NftablesSettings(**settings), Nft(netns), Conntrack(netns))
+        if mode == "ipvs":
+            settings["translate"] = False
+        self.nft = NftablesBackend(NftablesSettings(**settings), Nft(netns), Conntrack(netns))
+        self.backend: NftablesBackend | IpvsBackend = (
+            IpvsBackend(IpvsSettings(), self.nft, netns) if mode == "ipvs" else self.nft
+        )
         self.routes = None if routing is None else PolicyRoutes(routing, netns)
         self.table = ServiceTable(node_name)
         self.rejections = Rejections()

@@ -1,0 +1,462 @@
+"""The IPVS backend (`mode: ipvs`): IPVS load-balances, nftables does everything else.
+
+As kube-proxy's IPVS mode: every ClusterIP, ExternalIP and load-balancer IP is an address of
+a dummy interface (`lace-ipvs0`, kept down), so packets to it are delivered locally, where
+IPVS picks a real server and translates (NAT forwarding, set explicitly: pyroute2 defaults
+to direct routing). A NodePort is a virtual service on each node address. nftables keeps its
+table with translation switched off (`NftablesSettings.translate`): access control (the Lace
+network model), reject/drop for services without (local) endpoints, source ranges,
+masquerade marks and hairpin, and a filter that keeps other ports of service addresses away
+from the node's own sockets.
+
+Sync is a diff against what IPVS holds (a dump), never a flush, so a restart adopts the
+previous process's services and established connections carry on. A real server that
+leaves is first set to weight 0 (no new connections) and deleted once its connections have
+drained, or after `grace_period`. Ownership: virtual services on the dummy interface's
+addresses, and on node addresses within the NodePort range; nothing else is touched.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple, TypeVar
+
+from pyroute2 import IPVS, IPRoute, IPVSDest, IPVSService
+from pyroute2.netlink.exceptions import NetlinkError
+
+from lace_proxy.dataplane.nftables import NO_NETWORKS, NftablesBackend
+from lace_proxy.networks.graph import NetworkLayout
+from lace_proxy.table import Changeset
+
+log = logging.getLogger(__name__)
+
+PROTOCOLS = {"TCP": socket.IPPROTO_TCP, "UDP": socket.IPPROTO_UDP, "SCTP": 132}
+MASQUERADE = 0  # IP_VS_CONN_F_MASQ: NAT forwarding
+PERSISTENT = 0x0001  # IP_VS_SVC_F_PERSISTENT
+#: The sysctls kube-proxy's IPVS mode sets: conntrack entries for IPVS connections (so that
+#: nftables can masquerade them), and no new connections to a real server that is gone.
+SYSCTLS = {
+    "net/ipv4/vs/conntrack": 1,
+    "net/ipv4/vs/expire_nodest_conn": 1,
+    "net/ipv4/vs/expire_quiescent_template": 1,
+    "net/ipv4/ip_forward": 1,
+}
+STRICT_ARP = {"net/ipv4/conf/all/arp_ignore": 1, "net/ipv4/conf/all/arp_announce": 2}
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class IpvsSettings:
+    """ipvs.*: the default scheduler, the dummy interface, NodePorts, graceful termination."""
+
+    scheduler: str = "rr"
+    interface: str = "lace-ipvs0"
+    node_port_range: tuple[int, int] = (30000, 32767)
+    grace_period: float = 30.0  # seconds a removed real server may keep its connections
+    strict_arp: bool = False
+
+
+class VirtualServer(NamedTuple):
+    protocol: str  # TCP | UDP | SCTP
+    address: str
+    port: int
+
+
+class Target(NamedTuple):
+    """What a virtual service should be: scheduler, persistence and real servers."""
+
+    scheduler: str
+    persistence: int  # ClientIP affinity timeout in seconds; 0: none
+    servers: frozenset[tuple[str, int]]
+
+
+def render(
+    plan: Any, node_addresses: Iterable[str], default_scheduler: str
+) -> dict[VirtualServer, Target]:
+    """A plan's virtual services: its ClusterIP, ExternalIPs and LB IPs, and its NodePort
+    on each node address of the plan's family."""
+    scheduler = getattr(plan, "scheduler", "") or default_scheduler
+
+    def target(backends: Iterable[Any], verdict: str | None) -> Target:
+        servers = frozenset() if verdict else frozenset((b.ip, b.port) for b in backends)
+        return Target(scheduler, plan.affinity_timeout, servers)
+
+    out = {
+        VirtualServer(plan.protocol, plan.cluster_ip, plan.port): target(
+            plan.internal_backends, plan.internal_verdict
+        )
+    }
+    external = target(plan.external_backends, plan.external_verdict)
+    for address in (*plan.external_ips, *plan.lb_ips):
+        out[VirtualServer(plan.protocol, address, plan.port)] = external
+    if plan.node_port:
+        for address in node_addresses:
+            if _family(address) == plan.family:
+                out[VirtualServer(plan.protocol, address, plan.node_port)] = external
+    return out
+
+
+def addresses_of(plan: Any) -> set[str]:
+    """The addresses a plan needs on the dummy interface (NodePorts use the node's own)."""
+    return {plan.cluster_ip, *plan.external_ips, *plan.lb_ips}
+
+
+def _family(address: str) -> int:
+    return 6 if ":" in address else 4
+
+
+class IpvsBackend:
+    """Programs plans into IPVS (and the rest into nftables); never decides policy."""
+
+    def __init__(
+        self,
+        settings: IpvsSettings,
+        nft: NftablesBackend,
+        netns: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if nft.settings.translate:
+            raise ValueError("the nftables part of IPVS mode must not translate")
+        self.settings = settings
+        self.nft = nft
+        self.netns = netns
+        self._clock = clock
+        # Kernel calls run on one thread that lives in the namespace (tests; production: here).
+        self._worker = (
+            ThreadPoolExecutor(1, initializer=_enter_netns, initargs=(netns,)) if netns else None
+        )
+        self._programmed: dict[VirtualServer, Target] = {}
+        self._address_refs: Counter[str] = Counter()  # dummy address -> plans using it
+        self._node_addresses: tuple[str, ...] = ()
+        self._terminating: dict[tuple[VirtualServer, tuple[str, int]], float] = {}
+        self.last_changes = 0  # IPVS and address operations of the last sync (0: converged)
+
+    # -- the Dataplane protocol --
+
+    def full_sync(
+        self,
+        plans: Iterable[Any],
+        changes: Changeset | None = None,
+        layout: NetworkLayout = NO_NETWORKS,
+    ) -> int:
+        """nftables in full, then IPVS and the dummy's addresses by diff against the kernel."""
+        plans = list(plans)
+        count = self.nft.full_sync(plans, changes, layout)
+        self.last_changes = self._run(self._reconcile, plans)
+        return count + self.last_changes
+
+    def apply(self, changes: Changeset, layout: NetworkLayout = NO_NETWORKS) -> int:
+        """nftables' transaction, then the changed plans' virtual services."""
+        count = self.nft.apply(changes, layout)
+        self.last_changes = self._run(self._apply, changes)
+        return count + self.last_changes
+
+    def node_addresses_changed(self, addresses: tuple[str, ...]) -> bool:
+        """NodePort virtual services follow the node's addresses: a full sync re-reads them."""
+        changed = self.nft.node_addresses_changed(addresses)
+        return changed or bool(set(addresses) - set(self._node_addresses))
+
+    def cleanup(self) -> bool:
+        """Remove every virtual service of ours, the dummy interface and the nftables table."""
+        self._run(self._cleanup)
+        return self.nft.cleanup()
+
+    def held(self) -> dict[VirtualServer, Target]:
+        """What IPVS holds (ours and others'), for the CLI and tests."""
+
+        def dump() -> dict[VirtualServer, Target]:
+            with IPVS() as ipvs:
+                return {vs: target for vs, (target, _) in _dump(ipvs).items()}
+
+        return self._run(dump)
+
+    # -- on the kernel's thread --
+
+    def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._worker is None:
+            return fn(*args)
+        return self._worker.submit(fn, *args).result()
+
+    def _reconcile(self, plans: list[Any]) -> int:
+        _write_sysctls({**SYSCTLS, **(STRICT_ARP if self.settings.strict_arp else {})})
+        refs: Counter[str] = Counter()
+        for plan in plans:
+            refs.update(addresses_of(plan))
+        with IPRoute() as ipr:
+            index = _dummy(ipr, self.settings.interface)
+            self._node_addresses = self._local_addresses(ipr, index)
+            held = _held_addresses(ipr, index)
+            count = _add_addresses(ipr, index, set(refs) - held)
+            count += _del_addresses(ipr, index, held - set(refs))
+        self._address_refs = refs
+        desired: dict[VirtualServer, Target] = {}
+        for plan in plans:
+            desired.update(render(plan, self._node_addresses, self.settings.scheduler))
+        now = self._clock()
+        with IPVS() as ipvs:
+            held_services = {}
+            for vs, (target, draining) in _dump(ipvs).items():
+                if self._owns(vs, set(refs)):
+                    held_services[vs] = target
+                    for server in draining:  # e.g. left by a previous process: finish them
+                        self._terminating.setdefault((vs, server), now + self.settings.grace_period)
+            count += self._converge(ipvs, held_services, desired)
+        self._programmed = desired
+        return count
+
+    def _apply(self, changes: Changeset) -> int:
+        old_plans = (*changes.removed, *(old for old, _ in changes.updated))
+        new_plans = (*changes.added, *(new for _, new in changes.updated))
+        before: dict[VirtualServer, Target] = {}
+        after: dict[VirtualServer, Target] = {}
+        delta: Counter[str] = Counter()
+        for plan in old_plans:
+            before.update(render(plan, self._node_addresses, self.settings.scheduler))
+            delta.subtract(addresses_of(plan))
+        for plan in new_plans:
+            after.update(render(plan, self._node_addresses, self.settings.scheduler))
+            delta.update(addresses_of(plan))
+        refs = self._address_refs
+        appear = {a for a, d in delta.items() if d > 0 and refs[a] == 0}
+        vanish = {a for a, d in delta.items() if d < 0 and refs[a] + d <= 0}
+        count = 0
+        with IPRoute() as ipr:
+            index = _dummy(ipr, self.settings.interface)
+            count += _add_addresses(ipr, index, appear)  # before IPVS needs them
+        touched = set(before) | set(after)
+        held = {vs: self._programmed[vs] for vs in touched if vs in self._programmed}
+        with IPVS() as ipvs:
+            count += self._converge(ipvs, held, after, only=touched)
+        for vs in set(before) - set(after):
+            self._programmed.pop(vs, None)
+        self._programmed.update(after)
+        for address, d in delta.items():
+            refs[address] += d
+            if refs[address] <= 0:
+                del refs[address]
+        with IPRoute() as ipr:
+            index = _dummy(ipr, self.settings.interface)
+            count += _del_addresses(ipr, index, vanish)
+        return count
+
+    def _converge(
+        self,
+        ipvs: Any,
+        held: dict[VirtualServer, Target],
+        desired: dict[VirtualServer, Target],
+        only: set[VirtualServer] | None = None,
+    ) -> int:
+        """Make the virtual services in `held` (ours; all of them, or those in `only`) look
+        like `desired`, then finish real servers whose draining is over."""
+        count = 0
+        now = self._clock()
+        for vs, want in desired.items():
+            have = held.get(vs)
+            service = _service(vs, want)
+            if have is None:
+                _call(ipvs.service, "add", service=service)
+                count += 1
+                have = Target(want.scheduler, want.persistence, frozenset())
+            elif (have.scheduler, have.persistence) != (want.scheduler, want.persistence):
+                _call(ipvs.service, "set", service=service)
+                count += 1
+            for server in sorted(want.servers - have.servers):
+                back = self._terminating.pop((vs, server), None) is not None
+                _call(ipvs.dest, "set" if back else "add", service=service, dest=_dest(server, 1))
+                count += 1
+            for server in sorted(have.servers - want.servers):
+                # No new connections; deleted once drained (below, or at a later sync).
+                _call(ipvs.dest, "set", service=service, dest=_dest(server, 0))
+                self._terminating[(vs, server)] = now + self.settings.grace_period
+                count += 1
+        for vs, have in held.items():
+            if vs in desired or (only is not None and vs not in only):
+                continue
+            _call(ipvs.service, "del", service=_service(vs, have))
+            for server in have.servers:
+                self._terminating.pop((vs, server), None)
+            count += 1
+        draining = {vs for vs, _ in self._terminating}
+        for vs in sorted(draining):
+            conns = _connections(ipvs, vs)
+            for server in sorted(s for v, s in self._terminating if v == vs):
+                if conns.get(server, 0) == 0 or now >= self._terminating[(vs, server)]:
+                    del self._terminating[(vs, server)]
+                    _call(ipvs.dest, "del", service=_key(vs), dest=_dest(server, 0))
+                    count += 1
+        return count
+
+    def _owns(self, vs: VirtualServer, dummy_addresses: set[str]) -> bool:
+        low, high = self.settings.node_port_range
+        return vs.address in dummy_addresses or (
+            vs.address in self._node_addresses and low <= vs.port <= high
+        )
+
+    def _local_addresses(self, ipr: Any, dummy_index: int) -> tuple[str, ...]:
+        """The node's addresses that NodePorts answer on (as nftables' NodePort rule)."""
+        nft = self.nft.settings
+        out = []
+        for msg in ipr.get_addr():
+            address = str(ipaddress.ip_address(msg.get("address")))
+            ip = ipaddress.ip_address(address)
+            if msg["index"] == dummy_index or ip.is_loopback or ip.is_link_local:
+                continue
+            if nft.node_port_primary and address not in self.nft.renderer.node_addresses:
+                continue
+            if nft.node_port_cidrs and not any(
+                ip in ipaddress.ip_network(c, strict=False)
+                for c in nft.node_port_cidrs
+                if ipaddress.ip_network(c, strict=False).version == ip.version
+            ):
+                continue
+            out.append(address)
+        return tuple(sorted(set(out)))
+
+    def _cleanup(self) -> int:
+        with IPRoute() as ipr:
+            links = ipr.link_lookup(ifname=self.settings.interface)
+            dummy_addresses = (
+                {str(ipaddress.ip_address(m.get("address"))) for m in ipr.get_addr(index=links[0])}
+                if links
+                else set()
+            )
+            self._node_addresses = self._local_addresses(ipr, links[0] if links else -1)
+            if links:
+                ipr.link("del", index=links[0])
+        count = 0
+        with IPVS() as ipvs:
+            for vs, (target, _) in _dump(ipvs).items():
+                if self._owns(vs, dummy_addresses):
+                    _call(ipvs.service, "del", service=_service(vs, target))
+                    count += 1
+        self._programmed.clear()
+        self._terminating.clear()
+        return count
+
+
+def _enter_netns(name: str) -> None:
+    from pyroute2 import netns
+
+    netns.setns(name)
+
+
+def _call(fn: Callable[..., Any], command: str, **kwargs: Any) -> None:
+    try:
+        fn(command, **kwargs)
+    except NetlinkError as exc:
+        what = ", ".join(f"{k}={dict(v)}" for k, v in kwargs.items())
+        raise RuntimeError(f"IPVS {command} failed ({exc}): {what}") from exc
+
+
+def _service(vs: VirtualServer, target: Target) -> Any:
+    persistent = PERSISTENT if target.persistence else 0
+    fields: dict[str, Any] = {
+        "addr": vs.address,
+        "port": vs.port,
+        "protocol": PROTOCOLS[vs.protocol],
+        "sched_name": target.scheduler,
+        "flags": {"flags": persistent, "mask": 0xFFFFFFFF},
+        "timeout": target.persistence,
+    }
+    if _family(vs.address) == 6:
+        fields["netmask"] = "128.0.0.0"  # the prefix length 128, as a host-order u32
+    return IPVSService(**fields)
+
+
+def _dest(server: tuple[str, int], weight: int) -> Any:
+    return IPVSDest(addr=server[0], port=server[1], fwd_method=MASQUERADE, weight=weight)
+
+
+def _key(vs: VirtualServer) -> Any:
+    """The fields that name a virtual service (for its real servers' commands)."""
+    return IPVSService(addr=vs.address, port=vs.port, protocol=PROTOCOLS[vs.protocol])
+
+
+def _dests(ipvs: Any, vs: VirtualServer) -> list[dict[str, Any]]:
+    return [dict(m.get("IPVS_CMD_ATTR_DEST")["attrs"]) for m in ipvs.dest("dump", service=_key(vs))]
+
+
+def _connections(ipvs: Any, vs: VirtualServer) -> dict[tuple[str, int], int]:
+    """Each real server's connections (active and inactive) under a virtual service."""
+    return {
+        (str(d["IPVS_DEST_ATTR_ADDR"]), int(d["IPVS_DEST_ATTR_PORT"])): int(
+            d.get("IPVS_DEST_ATTR_ACTIVE_CONNS", 0)
+        )
+        + int(d.get("IPVS_DEST_ATTR_INACT_CONNS", 0))
+        for d in _dests(ipvs, vs)
+    }
+
+
+def _dump(ipvs: Any) -> dict[VirtualServer, tuple[Target, frozenset[tuple[str, int]]]]:
+    """What IPVS holds: each virtual service with its serving real servers, and those of
+    weight 0 (draining) apart."""
+    names = {number: name for name, number in PROTOCOLS.items()}
+    held: dict[VirtualServer, tuple[Target, frozenset[tuple[str, int]]]] = {}
+    for msg in ipvs.service("dump"):
+        svc = IPVSService.from_message(msg)
+        if svc.get("fwmark") or svc.get("protocol") not in names:
+            continue
+        vs = VirtualServer(names[svc["protocol"]], str(svc["addr"]), int(svc["port"]))
+        flags = svc.get("flags", {})
+        flags = flags.get("flags", 0) if isinstance(flags, dict) else int(flags)
+        serving, draining = set(), set()
+        for d in _dests(ipvs, vs):
+            server = (str(d["IPVS_DEST_ATTR_ADDR"]), int(d["IPVS_DEST_ATTR_PORT"]))
+            (serving if int(d.get("IPVS_DEST_ATTR_WEIGHT", 1)) > 0 else draining).add(server)
+        timeout = int(svc.get("timeout", 0)) if flags & PERSISTENT else 0
+        target = Target(str(svc.get("sched_name", "")), timeout, frozenset(serving))
+        held[vs] = (target, frozenset(draining))
+    return held
+
+
+def _dummy(ipr: Any, name: str) -> int:
+    """The dummy interface's index, made (and left down, as kube-ipvs0) if missing."""
+    links = ipr.link_lookup(ifname=name)
+    if not links:
+        ipr.link("add", ifname=name, kind="dummy")
+        links = ipr.link_lookup(ifname=name)
+    return int(links[0])
+
+
+def _held_addresses(ipr: Any, index: int) -> set[str]:
+    return {str(ipaddress.ip_address(m.get("address"))) for m in ipr.get_addr(index=index)}
+
+
+def _add_addresses(ipr: Any, index: int, addresses: set[str]) -> int:
+    count = 0
+    held = _held_addresses(ipr, index) if addresses else set()
+    for address in sorted(addresses - held):
+        length = 32 if _family(address) == 4 else 128
+        ipr.addr("add", index=index, address=address, prefixlen=length)
+        count += 1
+    return count
+
+
+def _del_addresses(ipr: Any, index: int, addresses: set[str]) -> int:
+    count = 0
+    for address in sorted(addresses):
+        length = 32 if _family(address) == 4 else 128
+        try:
+            ipr.addr("del", index=index, address=address, prefixlen=length)
+            count += 1
+        except NetlinkError:
+            pass  # not there
+    return count
+
+
+def _write_sysctls(values: dict[str, int]) -> None:
+    for key, value in values.items():
+        path = Path("/proc/sys", key)
+        if path.exists() and os.access(path, os.W_OK):
+            path.write_text(f"{value}\n")
+        else:
+            log.warning("sysctl %s: not available here", key.replace("/", "."))

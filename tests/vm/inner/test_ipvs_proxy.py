@@ -1,0 +1,163 @@
+"""Inside the VM: the proxy in IPVS mode on real traffic, witnessed by ``ipvsadm -Ln``.
+
+The single-node testbed (lace_proxy/sandbox/testbed.py) runs inside the VM's kernel; the
+proxy's own pipeline programs its node namespace (tests/netns/proxykit.py's Harness with
+mode "ipvs"): IPVS balances, nftables filters and masquerades.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lace_proxy.dataplane.ipvs import VirtualServer, render
+from lace_proxy.sandbox.testbed import (
+    CLIENT4,
+    UPLINK_NODE4,
+    UPLINK_NODE6,
+    Testbed,
+    remove_stale_namespaces,
+    request_tcp,
+)
+from tests.netns.proxykit import LB4, Harness, endpoints, many, names, service
+
+pytestmark = pytest.mark.ipvs
+
+VIP4, VIP6 = "10.96.0.10", "fd00:96::10"
+
+
+@pytest.fixture(scope="module")
+def tb() -> Iterator[Testbed]:
+    remove_stale_namespaces()
+    with Testbed(pods=3) as testbed:
+        yield testbed
+
+
+@pytest.fixture
+def proxy(tb: Testbed, tmp_path: Path) -> Iterator[Harness]:
+    harness = Harness(tb, tmp_path / "manifests", mode="ipvs")
+    try:
+        yield harness
+    finally:
+        harness.close()
+
+
+def ipvsadm(tb: Testbed) -> dict[str, tuple[str, set[tuple[str, int]]]]:
+    """``ipvsadm -Ln`` in the node: {"TCP 10.96.0.10:80": (scheduler, {(server, weight)})}."""
+    out = subprocess.run(
+        ["ip", "netns", "exec", tb.node.ns.name, "ipvsadm", "-Ln"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    services: dict[str, tuple[str, set[tuple[str, int]]]] = {}
+    current: set[tuple[str, int]] = set()
+    for line in out.splitlines():
+        words = line.split()
+        if words and words[0] in ("TCP", "UDP", "SCTP"):
+            current = set()
+            services[f"{words[0]} {words[1]}"] = (words[2], current)
+        elif words[:1] == ["->"] and words[1] != "RemoteAddress:Port":
+            current.add((words[1], int(words[3])))
+    return services
+
+
+def _show(vs: VirtualServer) -> str:
+    address = f"[{vs.address}]" if ":" in vs.address else vs.address
+    return f"{vs.protocol} {address}:{vs.port}"
+
+
+def web(tb: Testbed, **spec: object) -> list[dict[str, object]]:
+    svc = service("web", [VIP4, VIP6], type="LoadBalancer", node_port=30080, **spec)
+    svc["status"] = {"loadBalancer": {"ingress": [{"ip": LB4}]}}
+    return [svc, endpoints("web", tb.pods), endpoints("web", tb.pods, v6=True)]
+
+
+def test_every_frontend_kind_is_balanced_by_ipvs(proxy: Harness, tb: Testbed) -> None:
+    proxy.write("web", *web(tb))
+    proxy.sync()
+    pods = {"pod1", "pod2", "pod3"}
+    for address, port in ((VIP4, 80), (VIP6, 80), (LB4, 80), (UPLINK_NODE4, 30080)):
+        assert set(names(many(tb.client, address, port, n=12))) == pods, address
+    # ipvsadm, a client no one here wrote, shows what the table says.
+    shown = ipvsadm(tb)
+    expected = {}
+    for plan in proxy.table.plans():
+        addresses = [UPLINK_NODE4] if plan.family == 4 else [UPLINK_NODE6]
+        for vs, target in render(plan, addresses, "rr").items():
+            servers = {(f"[{ip}]:{p}" if ":" in ip else f"{ip}:{p}", 1) for ip, p in target.servers}
+            expected[_show(vs)] = (target.scheduler, servers)
+    assert {k: v for k, v in shown.items() if k in expected} == expected
+    # NodePorts are answered on the node's address, masqueraded (policy Cluster).
+    reply = request_tcp(tb.client, UPLINK_NODE4, 30080)
+    assert reply.reply is not None and reply.reply.peer != CLIENT4
+
+
+def test_no_endpoints_is_refused_and_other_ports_never_reach_the_node(
+    proxy: Harness, tb: Testbed
+) -> None:
+    svc = service("empty", ["10.96.0.11"])
+    proxy.write("empty", svc)
+    proxy.write("web", *web(tb))
+    proxy.sync()
+    assert request_tcp(tb.client, "10.96.0.11", 80).outcome == "refused"
+    # The node's own server listens on 8080 everywhere: a ClusterIP must not expose it.
+    refused = request_tcp(tb.client, VIP4, 8080)
+    assert refused.outcome == "refused" and refused.reply is None, refused
+
+
+def test_client_ip_affinity_is_ipvs_persistence(proxy: Harness, tb: Testbed) -> None:
+    proxy.write("web", *web(tb, sessionAffinity="ClientIP"))
+    proxy.sync()
+    assert len(set(names(many(tb.client, VIP4, 80, n=10)))) == 1
+    assert (
+        "persistent"
+        in subprocess.run(
+            ["ip", "netns", "exec", tb.node.ns.name, "ipvsadm", "-Ln"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
+
+
+def test_per_service_scheduler_from_the_annotation(proxy: Harness, tb: Testbed) -> None:
+    objs = web(tb)
+    objs[0]["metadata"]["annotations"] = {  # type: ignore[index]
+        "lace-proxy.lace-cni.io/ipvs-scheduler": "mh"
+    }
+    proxy.write("web", *objs)
+    proxy.sync()
+    assert ipvsadm(tb)[f"TCP {VIP4}:80"][0] == "mh"
+    assert set(names(many(tb.pods[0], VIP4, 80, n=6))) <= {"pod1", "pod2", "pod3"}
+
+
+def test_removed_endpoint_drains_and_a_restart_adopts_without_flush(
+    proxy: Harness, tb: Testbed, tmp_path: Path
+) -> None:
+    key = f"TCP {VIP4}:80"
+    proxy.write("web", *web(tb))
+    proxy.sync()
+    assert len(ipvsadm(tb)[key][1]) == 3
+    # Connections to every pod: IPVS remembers them (TIME_WAIT) for two minutes.
+    assert set(names(many(tb.client, VIP4, 80, n=12))) == {"pod1", "pod2", "pod3"}
+    # pod3 leaves: no new connections to it, but it stays at weight 0 while IPVS still
+    # tracks its connections (deleted when they are gone, or after the grace period).
+    objs = web(tb)
+    objs[1] = endpoints("web", tb.pods[:2])
+    proxy.write("web", *objs)
+    proxy.sync()
+    weights = dict(ipvsadm(tb)[key][1])
+    assert weights.get("10.251.0.13:8080") == 0, weights
+    assert set(names(many(tb.client, VIP4, 80, n=12))) == {"pod1", "pod2"}
+    # A new process adopts what IPVS holds: nothing to add, change or flush.
+    again = Harness(tb, tmp_path / "again", mode="ipvs")
+    again.write("web", *objs)
+    again.sync(full=True)
+    assert again.backend.last_changes == 0  # type: ignore[union-attr]
+    serving = {server for server, weight in ipvsadm(tb)[key][1] if weight > 0}
+    assert serving == {"10.251.0.11:8080", "10.251.0.12:8080"}
+    assert set(names(many(tb.client, VIP4, 80, n=12))) == {"pod1", "pod2"}
