@@ -18,6 +18,7 @@ from typing import Any
 from lace_proxy import __version__, implementation
 from lace_proxy.config import ConfigError, ProxyConfig, add_config_flags, config_from_args
 from lace_proxy.dataplane.conntrack import Conntrack
+from lace_proxy.dataplane.ipvs import IpvsBackend, IpvsSettings
 from lace_proxy.dataplane.nft import Nft, NftError, netns_prefix
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
 from lace_proxy.dataplane.routes import PolicyRoutes, RoutingSettings
@@ -65,6 +66,16 @@ def nftables_settings(cfg: ProxyConfig) -> NftablesSettings:
     )
 
 
+def dataplane(cfg: ProxyConfig) -> NftablesBackend | IpvsBackend:
+    """The backend for the configured mode (IPVS mode keeps nftables, without translation)."""
+    settings = nftables_settings(cfg)
+    if cfg.mode != "ipvs":
+        return NftablesBackend(settings, Nft(), Conntrack())
+    nft = NftablesBackend(dataclasses.replace(settings, translate=False), Nft(), Conntrack())
+    ipvs = IpvsSettings(scheduler=cfg.ipvs.scheduler, strict_arp=cfg.ipvs.strict_arp)
+    return IpvsBackend(ipvs, nft)
+
+
 def routing_settings(cfg: ProxyConfig) -> RoutingSettings:
     """The policy routes' view of the configuration."""
     return RoutingSettings(
@@ -88,10 +99,8 @@ def _manifests(cfg: ProxyConfig) -> Path:
 
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    if cfg.mode != "nftables":
-        raise SystemExit(f"lace-proxy: mode {cfg.mode!r} is not available yet; use nftables")
     table = ServiceTable(cfg.hostname_override)
-    backend = NftablesBackend(nftables_settings(cfg), Nft(), Conntrack())
+    backend = dataplane(cfg)
     metrics = ProxyMetrics(mode=cfg.mode)
     rejections = Rejections(on_reject=lambda e: metrics.record_rejection(e.kind, e.code))
     health = ProxierHealth(cfg.sync_period, metrics)
@@ -377,9 +386,18 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    backend = NftablesBackend(nftables_settings(cfg), Nft())
-    removed = backend.cleanup()
-    print(f"nftables table inet {backend.table}: {'removed' if removed else 'not present'}")
+    settings = nftables_settings(cfg)
+    nft = NftablesBackend(settings, Nft())
+    removed = nft.cleanup()
+    print(f"nftables table inet {nft.table}: {'removed' if removed else 'not present'}")
+    # IPVS leftovers go whatever the mode: a node may be switching from one to the other.
+    untranslated = NftablesBackend(dataclasses.replace(settings, translate=False), Nft())
+    ipvs = IpvsBackend(IpvsSettings(), untranslated)
+    try:
+        count = ipvs.remove_ipvs()
+        print(f"IPVS virtual services and interface {ipvs.settings.interface}: {count} removed")
+    except Exception as exc:  # no ip_vs module: nothing of ours can be there
+        print(f"IPVS: not available here ({exc})")
     routing = routing_settings(cfg)
     count = PolicyRoutes(routing).cleanup()
     print(

@@ -167,8 +167,12 @@ class IpvsBackend:
 
     def cleanup(self) -> bool:
         """Remove every virtual service of ours, the dummy interface and the nftables table."""
-        self._run(self._cleanup)
+        self.remove_ipvs()
         return self.nft.cleanup()
+
+    def remove_ipvs(self) -> int:
+        """Remove every virtual service of ours and the dummy interface; returns how many."""
+        return self._run(self._cleanup)
 
     def held(self) -> dict[VirtualServer, Target]:
         """What IPVS holds (ours and others'), for the CLI and tests."""

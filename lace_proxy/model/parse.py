@@ -15,6 +15,7 @@ from datetime import datetime
 from functools import cache, lru_cache
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from lace_proxy.config import IPVS_SCHEDULERS
 from lace_proxy.model.endpointslice import (
     LAST_CHANGE_TRIGGER_TIME,
     SERVICE_NAME_LABEL,
@@ -29,7 +30,6 @@ from lace_proxy.model.service import (
     HEADLESS_LABEL,
     IPVS_SCHEDULER_ANNOTATION,
     KUBE_ROUTER_SCHEDULER_ANNOTATION,
-    SERVICE_IPVS_SCHEDULERS,
     SERVICE_PROXY_NAME_LABEL,
     Service,
     ServicePort,
@@ -402,8 +402,8 @@ def _ipvs_scheduler(s: _Subject, meta: dict[str, Any]) -> str | None:
         scheduler = _opt_str(s, annotations.get(key), field)
         if scheduler is None:
             continue
-        if scheduler not in SERVICE_IPVS_SCHEDULERS:
-            reason = f"must be one of {', '.join(SERVICE_IPVS_SCHEDULERS)}"
+        if scheduler not in IPVS_SCHEDULERS:
+            reason = f"must be one of {', '.join(IPVS_SCHEDULERS)}"
             s.fail(field, scheduler, reason, "invalid_scheduler")
         return scheduler
     return None

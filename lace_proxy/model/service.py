@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lace_proxy.config import IPVS_SCHEDULERS
-
 #: Label that hands a service to another proxy (kube-proxy skips such services).
 SERVICE_PROXY_NAME_LABEL = "service.kubernetes.io/service-proxy-name"
 #: Label set by the endpoints controller on headless services' slices and services.
@@ -18,9 +16,6 @@ IPVS_SCHEDULER_ANNOTATION = "lace-proxy.lace-cni.io/ipvs-scheduler"
 #: kube-router's annotation for the same, read when IPVS_SCHEDULER_ANNOTATION is unset, so
 #: services annotated for kube-router keep their scheduler.
 KUBE_ROUTER_SCHEDULER_ANNOTATION = "kube-router.io/service.scheduler"
-#: Schedulers a service may ask for: those of ipvs.scheduler (kube-proxy's), plus "mh"
-#: (Maglev hashing, Linux 5.7+).
-SERVICE_IPVS_SCHEDULERS = (*IPVS_SCHEDULERS, "mh")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +50,7 @@ class Service:
     headless: bool = False  # clusterIP "None"
     proxy_name: str | None = None  # value of SERVICE_PROXY_NAME_LABEL
     labels: tuple[tuple[str, str], ...] = ()  # sorted (key, value) pairs
-    ipvs_scheduler: str | None = None  # one of SERVICE_IPVS_SCHEDULERS; None: the default
+    ipvs_scheduler: str | None = None  # one of IPVS_SCHEDULERS; None: the default
 
     @property
     def key(self) -> str:

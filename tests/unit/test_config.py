@@ -468,7 +468,7 @@ def test_error_message_format(write: Writer) -> None:
         ),
         ("nftables: {masqueradeBit: true}\n", "nftables.masqueradeBit", "true is not an integer"),
         ("conntrack: {maxPerCore: -1}\n", "conntrack.maxPerCore", "-1 is not an integer"),
-        ("ipvs: {scheduler: mh}\n", "ipvs.scheduler", '"mh" is not one of rr, wrr'),
+        ("ipvs: {scheduler: fifo}\n", "ipvs.scheduler", '"fifo" is not one of rr, wrr'),
         ("nftables: 5\n", "nftables", "5 is not a mapping"),
         (
             "lace: {nftables: {table: 9lives}}\n",
