@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 from types import ModuleType
 
 import pytest
@@ -21,3 +22,14 @@ def twin(request: pytest.FixtureRequest) -> ModuleType:
     if request.param == "compiled":
         return _twin("lace_proxy.table._ctable")
     return _twin("lace_proxy.table._pytable")
+
+
+#: Set inside the IPVS test VM (tests/vm/harness.py).
+IN_VM = os.environ.get("LACE_PROXY_IN_VM") == "1"
+#: The proxy's modes, for tests that hold in both; ipvs runs only inside the VM.
+MODES = ["nftables", pytest.param("ipvs", marks=pytest.mark.ipvs)]
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("ipvs") is not None and not IN_VM:
+        pytest.skip("needs an IPVS kernel: runs inside the VM via tests/vm")

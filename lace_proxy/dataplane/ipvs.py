@@ -24,7 +24,7 @@ import os
 import socket
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +77,34 @@ class Target(NamedTuple):
     scheduler: str
     persistence: int  # ClientIP affinity timeout in seconds; 0: none
     servers: frozenset[tuple[str, int]]
+
+
+#: ipvsadm's names of the forwarding methods (IP_VS_CONN_F_FWD_MASK of a real server's flags).
+FORWARD_METHODS = {0: "Masq", 1: "Local", 2: "Tunnel", 3: "Route", 4: "Bypass"}
+
+
+class RealServer(NamedTuple):
+    """A real server as IPVS holds it, with what `ipvsadm -Ln` shows of it."""
+
+    address: str
+    port: int
+    forward: str  # FORWARD_METHODS' names
+    weight: int  # 0: draining (no new connections)
+    active: int
+    inactive: int
+
+
+@dataclass(frozen=True)
+class KernelView:
+    """Everything IPVS holds (ours and others'), with the addresses that decide which virtual
+    services are ours and where NodePorts go: what `lace-proxy kernel` compares with the
+    table. A service's Target lists its serving real servers (weight > 0), as a sync sees
+    them; `real_servers` has all of them in detail."""
+
+    services: dict[VirtualServer, Target]
+    real_servers: dict[VirtualServer, tuple[RealServer, ...]]
+    dummy_addresses: frozenset[str]  # held by the dummy interface
+    node_addresses: tuple[str, ...]  # where NodePort virtual services go
 
 
 def render(
@@ -183,6 +211,40 @@ class IpvsBackend:
 
         return self._run(dump)
 
+    def inspect(self) -> KernelView:
+        """What IPVS holds in detail, the dummy's addresses and the node addresses a sync
+        would put NodePorts on, read as a sync reads them; changes nothing (not even the
+        dummy interface), so the CLI can show and diff a live node."""
+
+        def read() -> KernelView:
+            with IPRoute() as ipr:
+                links = ipr.link_lookup(ifname=self.settings.interface)
+                index = int(links[0]) if links else -1
+                dummy = _held_addresses(ipr, index) if links else set()
+                nodes = self._local_addresses(ipr, index)
+            services: dict[VirtualServer, Target] = {}
+            details: dict[VirtualServer, tuple[RealServer, ...]] = {}
+            with IPVS() as ipvs:
+                for vs, (target, _) in _dump(ipvs).items():
+                    # One dump of the real servers for both views, so they agree.
+                    servers = tuple(_real_server(d) for d in _dests(ipvs, vs))
+                    serving = frozenset((s.address, s.port) for s in servers if s.weight > 0)
+                    services[vs] = target._replace(servers=serving)
+                    details[vs] = servers
+            return KernelView(services, details, frozenset(dummy), nodes)
+
+        return self._run(read)
+
+    def owns(
+        self, vs: VirtualServer, dummy_addresses: Collection[str], node_addresses: Collection[str]
+    ) -> bool:
+        """The ownership rule: a virtual service on a dummy address, or on a node address
+        within the NodePort range, is ours (everything else is left alone)."""
+        low, high = self.settings.node_port_range
+        return vs.address in dummy_addresses or (
+            vs.address in node_addresses and low <= vs.port <= high
+        )
+
     # -- on the kernel's thread --
 
     def _run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -278,9 +340,14 @@ class IpvsBackend:
                 _call(ipvs.dest, "set" if back else "add", service=service, dest=_dest(server, 1))
                 count += 1
             for server in sorted(have.servers - want.servers):
-                # No new connections; deleted once drained (below, or at a later sync).
-                _call(ipvs.dest, "set", service=service, dest=_dest(server, 0))
-                self._terminating[(vs, server)] = now + self.settings.grace_period
+                if vs.protocol == "UDP":
+                    # No graceful termination for UDP (as kube-proxy): gone at once, and
+                    # expire_nodest_conn moves a flow's next packet to another server.
+                    _call(ipvs.dest, "del", service=service, dest=_dest(server, 0))
+                else:
+                    # No new connections; deleted once drained (below, or at a later sync).
+                    _call(ipvs.dest, "set", service=service, dest=_dest(server, 0))
+                    self._terminating[(vs, server)] = now + self.settings.grace_period
                 count += 1
         for vs, have in held.items():
             if vs in desired or (only is not None and vs not in only):
@@ -300,10 +367,7 @@ class IpvsBackend:
         return count
 
     def _owns(self, vs: VirtualServer, dummy_addresses: set[str]) -> bool:
-        low, high = self.settings.node_port_range
-        return vs.address in dummy_addresses or (
-            vs.address in self._node_addresses and low <= vs.port <= high
-        )
+        return self.owns(vs, dummy_addresses, self._node_addresses)
 
     def _local_addresses(self, ipr: Any, dummy_index: int) -> tuple[str, ...]:
         """The node's addresses that NodePorts answer on (as nftables' NodePort rule)."""
@@ -387,6 +451,18 @@ def _key(vs: VirtualServer) -> Any:
 
 def _dests(ipvs: Any, vs: VirtualServer) -> list[dict[str, Any]]:
     return [dict(m.get("IPVS_CMD_ATTR_DEST")["attrs"]) for m in ipvs.dest("dump", service=_key(vs))]
+
+
+def _real_server(d: dict[str, Any]) -> RealServer:
+    fwd = int(d.get("IPVS_DEST_ATTR_FWD_METHOD", MASQUERADE)) & 0x7
+    return RealServer(
+        str(d["IPVS_DEST_ATTR_ADDR"]),
+        int(d["IPVS_DEST_ATTR_PORT"]),
+        FORWARD_METHODS.get(fwd, str(fwd)),
+        int(d.get("IPVS_DEST_ATTR_WEIGHT", 1)),
+        int(d.get("IPVS_DEST_ATTR_ACTIVE_CONNS", 0)),
+        int(d.get("IPVS_DEST_ATTR_INACT_CONNS", 0)),
+    )
 
 
 def _connections(ipvs: Any, vs: VirtualServer) -> dict[tuple[str, int], int]:

@@ -27,6 +27,7 @@ from lace_proxy.sandbox.testbed import (
     request_udp,
 )
 
+from ..conftest import MODES
 from .proxykit import (
     EXT4,
     EXT6,
@@ -42,6 +43,8 @@ from .proxykit import (
 )
 
 pytestmark = pytest.mark.netns
+#: Why some behaviour is nftables mode's alone.
+TRANSLATED_HERE = "IPVS mode has no nftables state of this kind"
 
 FAMILIES = pytest.mark.parametrize("v6", [False, True], ids=["ipv4", "ipv6"])
 VIP4, VIP6 = "10.96.0.10", "fd00:96::10"
@@ -56,9 +59,14 @@ def tb(make_testbed: Callable[..., Testbed]) -> Testbed:
     return make_testbed(pods=3)
 
 
-@pytest.fixture
-def proxy(tb: Testbed, tmp_path: Path) -> Iterator[Harness]:
-    harness = Harness(tb, tmp_path / "manifests")
+@pytest.fixture(params=MODES)
+def proxy(request: pytest.FixtureRequest, tb: Testbed, tmp_path: Path) -> Iterator[Harness]:
+    """The proxy in each mode: nftables here, IPVS inside the VM (tests/vm)."""
+    mode = request.param
+    marker = request.node.get_closest_marker("nftables_only")
+    if mode == "ipvs" and marker is not None:
+        pytest.skip(f"nftables mode only: {marker.args[0]}")
+    harness = Harness(tb, tmp_path / "manifests", mode=mode)
     yield harness
     harness.close()
 
@@ -201,6 +209,9 @@ def test_service_without_endpoints_is_refused_at_once(proxy: Harness, v6: bool) 
         assert result.elapsed < 1.0  # an ICMP error, not a timeout (2 s)
 
 
+@pytest.mark.nftables_only(
+    "IPVS balances eTP Local frontends over local endpoints for every client (no short-circuit)"
+)
 def test_external_traffic_policy_local(proxy: Harness) -> None:
     tb = proxy.tb
     spec: dict[str, Any] = {
@@ -300,6 +311,7 @@ def test_terminating_endpoints_serve_only_when_nothing_is_ready(proxy: Harness) 
     assert names(many(tb.client, VIP4, 80, n=10)) == {"pod2": 10}
 
 
+@pytest.mark.nftables_only(TRANSLATED_HERE)
 def test_manifest_edits_change_the_kernel(proxy: Harness) -> None:
     tb = proxy.tb
     web(proxy)
@@ -348,6 +360,7 @@ def test_a_bad_edit_keeps_serving_the_last_good_version(proxy: Harness) -> None:
     assert names(many(tb.client, VIP4, 80, n=10)) == {"pod1": 10}
 
 
+@pytest.mark.nftables_only(TRANSLATED_HERE)
 def test_full_resync_matches_incremental_state(proxy: Harness) -> None:
     tb = proxy.tb
     web(proxy, type="NodePort", node_port=30080, sessionAffinity="ClientIP")
@@ -377,6 +390,7 @@ def udp_exchange(sock: socket.socket, ip: str, port: int) -> str:
     return data.decode().split()[0]
 
 
+@pytest.mark.nftables_only("conntrack cleanup; IPVS expires flows to removed real servers itself")
 def test_udp_flows_follow_endpoint_changes(proxy: Harness) -> None:
     tb = proxy.tb
     dns = service("dns", [VIP4], port=53, protocol="UDP")

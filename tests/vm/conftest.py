@@ -1,7 +1,8 @@
 """Tests that need a kernel with IPVS (see harness.py).
 
-* Tests marked ``ipvs`` (tests/vm/inner/) run only inside the VM, where LACE_PROXY_IN_VM=1;
-  anywhere else they are skipped. ``tests/vm/test_vm.py`` runs them there.
+* Tests marked ``ipvs`` (tests/vm/inner/, and the ipvs mode of tests parametrized over
+  modes) run only inside the VM, where LACE_PROXY_IN_VM=1 (tests/conftest.py skips them
+  anywhere else). ``tests/vm/test_vm.py`` runs them there.
 * ``vm``: runs jobs in the VM, e.g. ``vm.pytest(["tests/vm/inner", "-q"])``. It skips only
   when the VM cannot start here at all (not root, qemu or virtiofsd missing, no kernel to
   fetch), and in CI (CI set) fails instead: scripts/setup installs all of it.
@@ -14,14 +15,8 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
+from ..conftest import IN_VM
 from .harness import DEFAULT_TIMEOUT, Job, VmResult, VmUnavailable, prepare, run_jobs
-
-IN_VM = os.environ.get("LACE_PROXY_IN_VM") == "1"
-
-
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    if item.get_closest_marker("ipvs") is not None and not IN_VM:
-        pytest.skip("needs an IPVS kernel: runs inside the VM via tests/vm")
 
 
 class Vm:

@@ -1,5 +1,6 @@
-"""Runs the ``ipvs`` tests (tests/vm/inner/) in the VM, and proves the harness both ways: a
-failure inside fails here with the inner output, a hung guest is killed in time."""
+"""Runs the ``ipvs`` tests in the VM (tests/vm/inner/, and the ipvs mode of the traffic tests
+in tests/netns), and proves the harness both ways: a failure inside fails here with the
+inner output, a hung guest is killed in time."""
 
 from __future__ import annotations
 
@@ -32,6 +33,16 @@ def test_ipvs_suite_passes_in_the_vm(vm: Vm) -> None:
     assert result.passed, result.report()
     assert result.junit is not None, result.report()
     assert result.junit.tests > 0 and result.junit.skipped == 0, result.report()
+
+
+def test_mode_parity_the_behavioural_suite_passes_in_ipvs_mode(vm: Vm) -> None:
+    """tests/netns' traffic tests parametrized over modes, their ipvs half, on real IPVS."""
+    result = vm.pytest(["tests/netns", "-m", "ipvs", "-q", "-rs"], timeout=900)
+    assert result.passed, result.report()
+    assert result.junit is not None and result.junit.tests >= 15, result.report()
+    skipped = [line for line in result.output.splitlines() if line.startswith("SKIPPED")]
+    assert len(skipped) == result.junit.skipped, result.report()
+    assert all("nftables mode only" in line for line in skipped), result.report()
 
 
 def test_inner_failure_fails_with_inner_output(vm: Vm) -> None:
