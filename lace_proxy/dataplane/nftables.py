@@ -742,7 +742,8 @@ class Renderer:
             "  chain filter-output {",
             "    type filter hook output priority -110; policy accept;",
             "    ct state new jump unproxied",
-            "    ct state new jump host-access",
+            # The node's own connections (IPVS also sends what it forwards through output).
+            "    ct state new fib saddr type local jump host-access",
             "    ct state new jump service-endpoints-check",
             "    ct state new jump firewall-check",
             "  }",

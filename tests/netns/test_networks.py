@@ -20,6 +20,7 @@ from lace_proxy.sandbox.testbed import (
     request_tcp,
 )
 
+from ..conftest import MODES
 from ..lacekit import external, l3, net, routing, service_routing
 from .proxykit import Harness, endpoints, service
 
@@ -115,18 +116,20 @@ def denied(result: Result, family: int = 4) -> bool:
     )
 
 
+@pytest.mark.parametrize("mode", MODES)
 def test_frontends_answer_only_the_networks_allowed_to_reach_them(
-    make_testbed: Callable[..., Testbed], tmp_path: Path
+    make_testbed: Callable[..., Testbed], tmp_path: Path, mode: str
 ) -> None:
     tb = make_testbed(pods=2)
-    proxy = Harness(tb, tmp_path / "manifests")
+    proxy = Harness(tb, tmp_path / "manifests", mode=mode)
     try:
         proxy.write("web", *web(tb))
         proxy.write("networks", *access_networks())
         proxy.sync()
         for vip, family in ((WEB_VIP4, 4), (WEB_VIP6, 6)):
             # A pod of the service's own network reaches it; the client's network does not.
-            assert request_tcp(tb.pods[0], vip, 80).outcome == "reply"
+            answer = request_tcp(tb.pods[0], vip, 80)
+            assert answer.outcome == "reply", answer
             result = request_tcp(tb.client, vip, 80)
             assert denied(result, family), result
         for node_ip, family in ((UPLINK_NODE4, 4), (UPLINK_NODE6, 6)):
@@ -165,7 +168,8 @@ def test_frontends_answer_only_the_networks_allowed_to_reach_them(
         proxy.remove("networks")
         proxy.sync()
         assert request_tcp(tb.client, WEB_VIP4, 80).outcome == "reply"
-        assert proxy.backend.read_back().elements["controlled-v4"] == set()
+        held = proxy.nft.read_back()
+        assert held is not None and held.elements["controlled-v4"] == set()
     finally:
         proxy.close()
 
