@@ -114,6 +114,7 @@ class Harness:
         node_name: str = NODE,
         routing: RoutingSettings | None = None,
         mode: str = "nftables",
+        ipvs: IpvsSettings | None = None,
         **settings: Any,
     ) -> None:
         self.tb = tb
@@ -125,7 +126,7 @@ class Harness:
             settings["translate"] = False
         self.nft = NftablesBackend(NftablesSettings(**settings), Nft(netns), Conntrack(netns))
         self.backend: NftablesBackend | IpvsBackend = (
-            IpvsBackend(IpvsSettings(), self.nft, netns) if mode == "ipvs" else self.nft
+            IpvsBackend(ipvs or IpvsSettings(), self.nft, netns) if mode == "ipvs" else self.nft
         )
         self.routes = None if routing is None else PolicyRoutes(routing, netns)
         self.table = ServiceTable(node_name)

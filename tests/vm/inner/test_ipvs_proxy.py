@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lace_proxy.dataplane.ipvs import VirtualServer, render
+from lace_proxy.dataplane.ipvs import IpvsSettings, VirtualServer, render
 from lace_proxy.sandbox.testbed import (
     CLIENT4,
     UPLINK_NODE4,
@@ -113,6 +113,8 @@ def test_client_ip_affinity_is_ipvs_persistence(proxy: Harness, tb: Testbed) -> 
     proxy.write("web", *web(tb, sessionAffinity="ClientIP"))
     proxy.sync()
     assert len(set(names(many(tb.client, VIP4, 80, n=10)))) == 1
+    pinned6 = names(many(tb.client, VIP6, 80, n=10))
+    assert len(pinned6) == 1 and "timeout" not in pinned6, pinned6
     assert (
         "persistent"
         in subprocess.run(
@@ -161,3 +163,19 @@ def test_removed_endpoint_drains_and_a_restart_adopts_without_flush(
     serving = {server for server, weight in ipvsadm(tb)[key][1] if weight > 0}
     assert serving == {"10.251.0.11:8080", "10.251.0.12:8080"}
     assert set(names(many(tb.client, VIP4, 80, n=12))) == {"pod1", "pod2"}
+
+
+def test_after_the_grace_period_a_removed_endpoint_is_gone(tb: Testbed, tmp_path: Path) -> None:
+    proxy = Harness(tb, tmp_path / "manifests", mode="ipvs", ipvs=IpvsSettings(grace_period=0))
+    try:
+        proxy.write("web", *web(tb))
+        proxy.sync()
+        assert set(names(many(tb.client, VIP4, 80, n=12))) == {"pod1", "pod2", "pod3"}
+        objs = web(tb)
+        objs[1] = endpoints("web", tb.pods[:2])
+        proxy.write("web", *objs)
+        proxy.sync()
+        servers = {server for server, _ in ipvsadm(tb)[f"TCP {VIP4}:80"][1]}
+        assert servers == {"10.251.0.11:8080", "10.251.0.12:8080"}
+    finally:
+        proxy.close()
