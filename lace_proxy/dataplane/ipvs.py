@@ -189,9 +189,9 @@ class IpvsBackend:
         return count + self.last_changes
 
     def node_addresses_changed(self, addresses: tuple[str, ...]) -> bool:
-        """NodePort virtual services follow the node's addresses: a full sync re-reads them."""
-        changed = self.nft.node_addresses_changed(addresses)
-        return changed or bool(set(addresses) - set(self._node_addresses))
+        """As nftables mode (nodePortAddresses "primary"); the addresses NodePort virtual
+        services use are read from the kernel at each full sync."""
+        return self.nft.node_addresses_changed(addresses)
 
     def cleanup(self) -> bool:
         """Remove every virtual service of ours, the dummy interface and the nftables table."""
@@ -214,7 +214,11 @@ class IpvsBackend:
     def inspect(self) -> KernelView:
         """What IPVS holds in detail, the dummy's addresses and the node addresses a sync
         would put NodePorts on, read as a sync reads them; changes nothing (not even the
-        dummy interface), so the CLI can show and diff a live node."""
+        dummy interface), so the CLI can show and diff a live node.
+
+        Persistence comes from the raw attributes (`_persistence`): pyroute2's
+        IPVSService.from_message leaves its defaults (no flags, timeout 0) in `flags` and
+        `timeout`, which is what `_dump` reads."""
 
         def read() -> KernelView:
             with IPRoute() as ipr:
@@ -222,14 +226,20 @@ class IpvsBackend:
                 index = int(links[0]) if links else -1
                 dummy = _held_addresses(ipr, index) if links else set()
                 nodes = self._local_addresses(ipr, index)
+            names = {number: name for name, number in PROTOCOLS.items()}
             services: dict[VirtualServer, Target] = {}
             details: dict[VirtualServer, tuple[RealServer, ...]] = {}
             with IPVS() as ipvs:
-                for vs, (target, _) in _dump(ipvs).items():
+                for msg in ipvs.service("dump"):  # as _dump, fwmark services left out
+                    svc = IPVSService.from_message(msg)
+                    if svc.get("fwmark") or svc.get("protocol") not in names:
+                        continue
+                    vs = VirtualServer(names[svc["protocol"]], str(svc["addr"]), int(svc["port"]))
                     # One dump of the real servers for both views, so they agree.
                     servers = tuple(_real_server(d) for d in _dests(ipvs, vs))
                     serving = frozenset((s.address, s.port) for s in servers if s.weight > 0)
-                    services[vs] = target._replace(servers=serving)
+                    scheduler = str(svc.get("sched_name", ""))
+                    services[vs] = Target(scheduler, _persistence(msg), serving)
                     details[vs] = servers
             return KernelView(services, details, frozenset(dummy), nodes)
 
@@ -262,7 +272,6 @@ class IpvsBackend:
             self._node_addresses = self._local_addresses(ipr, index)
             held = _held_addresses(ipr, index)
             count = _add_addresses(ipr, index, set(refs) - held)
-            count += _del_addresses(ipr, index, held - set(refs))
         self._address_refs = refs
         desired: dict[VirtualServer, Target] = {}
         for plan in plans:
@@ -270,13 +279,16 @@ class IpvsBackend:
         now = self._clock()
         with IPVS() as ipvs:
             held_services = {}
+            ours = set(refs) | held  # also the addresses of services deleted meanwhile
             for vs, (target, draining) in _dump(ipvs).items():
-                if self._owns(vs, set(refs)):
+                if self._owns(vs, ours):
                     held_services[vs] = target
                     for server in draining:  # e.g. left by a previous process: finish them
                         self._terminating.setdefault((vs, server), now + self.settings.grace_period)
             count += self._converge(ipvs, held_services, desired)
         self._programmed = desired
+        with IPRoute() as ipr:  # after IPVS: the addresses say which services are ours
+            count += _del_addresses(ipr, index, held - set(refs))
         return count
 
     def _apply(self, changes: Changeset) -> int:
@@ -374,7 +386,8 @@ class IpvsBackend:
         nft = self.nft.settings
         out = []
         for msg in ipr.get_addr():
-            address = str(ipaddress.ip_address(msg.get("address")))
+            # IFA_LOCAL is the node's own end of a point-to-point link (IFA_ADDRESS the peer's).
+            address = str(ipaddress.ip_address(msg.get("local") or msg.get("address")))
             ip = ipaddress.ip_address(address)
             if msg["index"] == dummy_index or ip.is_loopback or ip.is_link_local:
                 continue
@@ -453,6 +466,14 @@ def _dests(ipvs: Any, vs: VirtualServer) -> list[dict[str, Any]]:
     return [dict(m.get("IPVS_CMD_ATTR_DEST")["attrs"]) for m in ipvs.dest("dump", service=_key(vs))]
 
 
+def _persistence(msg: Any) -> int:
+    """A dumped service's persistence timeout (0: not persistent), from its raw attributes."""
+    attrs = dict(msg.get("IPVS_CMD_ATTR_SERVICE")["attrs"])
+    flags = attrs.get("IPVS_SVC_ATTR_FLAGS", {})
+    flags = flags.get("flags", 0) if isinstance(flags, dict) else int(flags)
+    return int(attrs.get("IPVS_SVC_ATTR_TIMEOUT", 0)) if flags & PERSISTENT else 0
+
+
 def _real_server(d: dict[str, Any]) -> RealServer:
     fwd = int(d.get("IPVS_DEST_ATTR_FWD_METHOD", MASQUERADE)) & 0x7
     return RealServer(
@@ -486,14 +507,12 @@ def _dump(ipvs: Any) -> dict[VirtualServer, tuple[Target, frozenset[tuple[str, i
         if svc.get("fwmark") or svc.get("protocol") not in names:
             continue
         vs = VirtualServer(names[svc["protocol"]], str(svc["addr"]), int(svc["port"]))
-        flags = svc.get("flags", {})
-        flags = flags.get("flags", 0) if isinstance(flags, dict) else int(flags)
         serving, draining = set(), set()
         for d in _dests(ipvs, vs):
             server = (str(d["IPVS_DEST_ATTR_ADDR"]), int(d["IPVS_DEST_ATTR_PORT"]))
             (serving if int(d.get("IPVS_DEST_ATTR_WEIGHT", 1)) > 0 else draining).add(server)
-        timeout = int(svc.get("timeout", 0)) if flags & PERSISTENT else 0
-        target = Target(str(svc.get("sched_name", "")), timeout, frozenset(serving))
+        # pyroute2's from_message keeps its defaults in flags/timeout: read the raw ones.
+        target = Target(str(svc.get("sched_name", "")), _persistence(msg), frozenset(serving))
         held[vs] = (target, frozenset(draining))
     return held
 

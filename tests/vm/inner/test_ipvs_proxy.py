@@ -179,3 +179,23 @@ def test_after_the_grace_period_a_removed_endpoint_is_gone(tb: Testbed, tmp_path
         assert servers == {"10.251.0.11:8080", "10.251.0.12:8080"}
     finally:
         proxy.close()
+
+
+def test_a_restart_removes_what_was_deleted_while_down_and_keeps_persistence(
+    tb: Testbed, tmp_path: Path
+) -> None:
+    first = Harness(tb, tmp_path / "first", mode="ipvs")
+    first.write("web", *web(tb, sessionAffinity="ClientIP"))
+    first.write("gone", service("gone", ["10.96.0.12"]), endpoints("gone", tb.pods[:1]))
+    first.sync()
+    assert "TCP 10.96.0.12:80" in ipvsadm(tb)
+    # The proxy stops (its kernel state stays); `gone` is deleted meanwhile.
+    again = Harness(tb, tmp_path / "again", mode="ipvs")
+    try:
+        again.write("web", *web(tb, sessionAffinity="ClientIP"))
+        again.sync(full=True)
+        assert "TCP 10.96.0.12:80" not in ipvsadm(tb)
+        again.sync(full=True)  # converged: persistence is read back as programmed
+        assert again.backend.last_changes == 0  # type: ignore[union-attr]
+    finally:
+        again.close()
