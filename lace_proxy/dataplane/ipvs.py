@@ -18,6 +18,7 @@ addresses, and on node addresses within the NodePort range; nothing else is touc
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
 import os
@@ -165,7 +166,8 @@ class IpvsBackend:
         self._programmed: dict[VirtualServer, Target] = {}
         self._address_refs: Counter[str] = Counter()  # dummy address -> plans using it
         self._node_addresses: tuple[str, ...] = ()
-        self._terminating: dict[tuple[VirtualServer, tuple[str, int]], float] = {}
+        # Real servers draining at weight 0, with their deadlines, per virtual service.
+        self._terminating: dict[VirtualServer, dict[tuple[str, int], float]] = {}
         self.last_changes = 0  # IPVS and address operations of the last sync (0: converged)
 
     # -- the Dataplane protocol --
@@ -281,10 +283,12 @@ class IpvsBackend:
             held_services = {}
             ours = set(refs) | held  # also the addresses of services deleted meanwhile
             for vs, (target, draining) in _dump(ipvs).items():
-                if self._owns(vs, ours):
+                if self._owns(vs, ours) or vs in desired:
                     held_services[vs] = target
                     for server in draining:  # e.g. left by a previous process: finish them
-                        self._terminating.setdefault((vs, server), now + self.settings.grace_period)
+                        self._terminating.setdefault(vs, {}).setdefault(
+                            server, now + self.settings.grace_period
+                        )
             count += self._converge(ipvs, held_services, desired)
         self._programmed = desired
         with IPRoute() as ipr:  # after IPVS: the addresses say which services are ours
@@ -337,45 +341,68 @@ class IpvsBackend:
         like `desired`, then finish real servers whose draining is over."""
         count = 0
         now = self._clock()
+        failed: list[str] = []
         for vs, want in desired.items():
-            have = held.get(vs)
-            service = _service(vs, want)
-            if have is None:
-                _call(ipvs.service, "add", service=service)
-                count += 1
-                have = Target(want.scheduler, want.persistence, frozenset())
-            elif (have.scheduler, have.persistence) != (want.scheduler, want.persistence):
-                _call(ipvs.service, "set", service=service)
-                count += 1
-            for server in sorted(want.servers - have.servers):
-                back = self._terminating.pop((vs, server), None) is not None
-                _call(ipvs.dest, "set" if back else "add", service=service, dest=_dest(server, 1))
-                count += 1
-            for server in sorted(have.servers - want.servers):
-                if vs.protocol == "UDP":
-                    # No graceful termination for UDP (as kube-proxy): gone at once, and
-                    # expire_nodest_conn moves a flow's next packet to another server.
-                    _call(ipvs.dest, "del", service=service, dest=_dest(server, 0))
-                else:
-                    # No new connections; deleted once drained (below, or at a later sync).
-                    _call(ipvs.dest, "set", service=service, dest=_dest(server, 0))
-                    self._terminating[(vs, server)] = now + self.settings.grace_period
-                count += 1
+            try:
+                count += self._converge_one(ipvs, vs, held.get(vs), want, now)
+            except RuntimeError as exc:  # one service the kernel refuses stops no other
+                failed.append(str(exc))
         for vs, have in held.items():
             if vs in desired or (only is not None and vs not in only):
                 continue
-            _call(ipvs.service, "del", service=_service(vs, have))
-            for server in have.servers:
-                self._terminating.pop((vs, server), None)
-            count += 1
-        draining = {vs for vs, _ in self._terminating}
-        for vs in sorted(draining):
+            self._terminating.pop(vs, None)
+            try:
+                _call(ipvs.service, "del", service=_service(vs, have))
+                count += 1
+            except RuntimeError as exc:
+                failed.append(str(exc))
+        for vs in sorted(self._terminating):
+            draining = self._terminating[vs]
             conns = _connections(ipvs, vs)
-            for server in sorted(s for v, s in self._terminating if v == vs):
-                if conns.get(server, 0) == 0 or now >= self._terminating[(vs, server)]:
-                    del self._terminating[(vs, server)]
-                    _call(ipvs.dest, "del", service=_key(vs), dest=_dest(server, 0))
-                    count += 1
+            for server in sorted(draining):
+                if conns.get(server, 0) == 0 or now >= draining[server]:
+                    del draining[server]
+                    if server in conns:
+                        _call(ipvs.dest, "del", service=_key(vs), dest=_dest(server, 0))
+                        count += 1
+            if not draining:
+                del self._terminating[vs]
+        if failed:  # the others are programmed; the sync counts as failed and is retried
+            raise RuntimeError(f"{len(failed)} IPVS operations failed: {'; '.join(failed[:3])}")
+        return count
+
+    def _converge_one(
+        self, ipvs: Any, vs: VirtualServer, have: Target | None, want: Target, now: float
+    ) -> int:
+        count = 0
+        service = _service(vs, want)
+        if have is None:
+            _call(ipvs.service, "add", service=service)
+            count += 1
+            have = Target(want.scheduler, want.persistence, frozenset())
+        elif (have.scheduler, have.persistence) != (want.scheduler, want.persistence):
+            _call(ipvs.service, "set", service=service)
+            count += 1
+        draining = self._terminating.get(vs, {})
+        for server in sorted(want.servers - have.servers):
+            if not _unicast(server[0]):
+                log.warning("IPVS %s: real server %s is not a unicast address; skipped", vs, server)
+                continue
+            back = draining.pop(server, None) is not None
+            _call(ipvs.dest, "set" if back else "add", service=service, dest=_dest(server, 1))
+            count += 1
+        for server in sorted(have.servers - want.servers):
+            if vs.protocol == "UDP":
+                # No graceful termination for UDP (as kube-proxy): gone at once, and
+                # expire_nodest_conn moves a flow's next packet to another server.
+                _call(ipvs.dest, "del", service=service, dest=_dest(server, 0))
+            else:
+                # No new connections; deleted once drained (below, or at a later sync).
+                _call(ipvs.dest, "set", service=service, dest=_dest(server, 0))
+                self._terminating.setdefault(vs, {})[server] = now + self.settings.grace_period
+            count += 1
+        if vs in self._terminating and not self._terminating[vs]:
+            del self._terminating[vs]
         return count
 
     def _owns(self, vs: VirtualServer, dummy_addresses: set[str]) -> bool:
@@ -422,6 +449,12 @@ class IpvsBackend:
         self._programmed.clear()
         self._terminating.clear()
         return count
+
+
+def _unicast(address: str) -> bool:
+    """IPVS refuses multicast, unspecified and IPv6 link-local real servers."""
+    ip = ipaddress.ip_address(address)
+    return not (ip.is_multicast or ip.is_unspecified or (ip.version == 6 and ip.is_link_local))
 
 
 def _enter_netns(name: str) -> None:
@@ -531,12 +564,16 @@ def _held_addresses(ipr: Any, index: int) -> set[str]:
 
 
 def _add_addresses(ipr: Any, index: int, addresses: set[str]) -> int:
+    """Add addresses to the dummy (one there already is fine: no dump of them all)."""
     count = 0
-    held = _held_addresses(ipr, index) if addresses else set()
-    for address in sorted(addresses - held):
+    for address in sorted(addresses):
         length = 32 if _family(address) == 4 else 128
-        ipr.addr("add", index=index, address=address, prefixlen=length)
-        count += 1
+        try:
+            ipr.addr("add", index=index, address=address, prefixlen=length)
+            count += 1
+        except NetlinkError as exc:
+            if exc.code != errno.EEXIST:
+                raise
     return count
 
 

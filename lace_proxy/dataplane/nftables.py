@@ -235,6 +235,13 @@ class Renderer:
                     out.element(f"firewall-allow-{v}", f"{address} . {key} . {cidr}")
         if plan.access is not None:
             self._render_access(plan, out)
+        if not self.s.translate:
+            # IPVS mode: these addresses are the node's own (on the dummy interface); only
+            # their service ports may pass (ipvs-ports-check).
+            key = f"{plan.protocol.lower()} . {plan.port}"
+            for address in (plan.cluster_ip, *plan.external_ips, *plan.lb_ips):
+                out.element(f"service-ports-{v}", f"{address} . {key}")
+                out.shared.add((f"ipvs-addresses-{v}", address))
         return out
 
     @staticmethod
@@ -357,8 +364,6 @@ class Renderer:
 
         internal = local if plan.internal_local else cluster
         cluster_key = f"{plan.cluster_ip} . {key}"
-        if not self.s.translate:
-            out.element(f"service-ports-{v}", cluster_key)
         if plan.internal_verdict is None and internal:
             count = len(internal)
             out.element(f"service-ips-{v}", f"{cluster_key} : goto {a}lb-{v}-{count}")
@@ -628,9 +633,9 @@ class Renderer:
                 f"{self._elements(fam, self.s.cluster_cidrs)}}}",
                 f"  set nodeport-cidrs-{v} {{ type {at}; flags interval; "
                 f"{self._elements(fam, self._nodeport_cidrs())}}}",
-                # IPVS mode: the ClusterIP frontends (a set: older kernels cannot negate a
-                # lookup in a map).
+                # IPVS mode: the frontends on the dummy interface, and its addresses.
                 f"  set service-ports-{v} {{ type {at} . inet_proto . inet_service; }}",
+                f"  set ipvs-addresses-{v} {{ type {at}; }}",
                 f"  set service-cidrs-{v} {{ type {at}; flags interval; "
                 f"{self._elements(fam, self.s.service_cidrs)}}}",
                 f"  set controlled-{v} {{ type {at} . inet_proto . inet_service; }}",
@@ -710,7 +715,7 @@ class Renderer:
             for fam in FAMILIES:
                 ip, v = _ip(fam), f"v{fam}"
                 lines.append(
-                    f"    {ip} daddr @cluster-ips-{v} {ip} daddr . meta l4proto . th dport"
+                    f"    {ip} daddr @ipvs-addresses-{v} {ip} daddr . meta l4proto . th dport"
                     f" != @service-ports-{v} goto reject-chain"
                 )
             lines += ["  }"]

@@ -7,6 +7,7 @@ mode "ipvs"): IPVS balances, nftables filters and masquerades.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -199,3 +200,57 @@ def test_a_restart_removes_what_was_deleted_while_down_and_keeps_persistence(
         assert again.backend.last_changes == 0  # type: ignore[union-attr]
     finally:
         again.close()
+
+
+def test_a_refused_real_server_stops_no_other_service(proxy: Harness, tb: Testbed) -> None:
+    """IPVS refuses a broadcast real server: that sync fails (counted, retried), but every
+    other virtual service is programmed; a link-local IPv6 one is skipped up front."""
+    bad = endpoints("bad", tb.pods[:1], name="bad-v4")
+    bad["endpoints"][0]["addresses"] = ["10.250.0.255"]  # the uplink's broadcast address
+    proxy.write("bad", service("bad", ["10.96.0.13"]), bad)
+    proxy.write("web", *web(tb))
+    proxy.source._signature = None
+    proxy.source.poll()
+    assert not asyncio.run(proxy.proxier.sync())
+    assert "IPVS operations failed" in (proxy.proxier.stats.last_error or "")
+    assert set(names(many(tb.client, VIP4, 80, n=9))) == {"pod1", "pod2", "pod3"}
+    linklocal = endpoints("bad", tb.pods[:1], v6=True, name="bad-v6")
+    linklocal["endpoints"][0]["addresses"] = ["fe80::1"]
+    proxy.write("bad", service("bad", ["fd00:96::13"]), linklocal)
+    proxy.sync()  # fixed input converges
+    assert "TCP [fd00:96::13]:80" in ipvsadm(tb)
+
+
+def test_other_ports_of_external_addresses_never_reach_the_node(
+    proxy: Harness, tb: Testbed
+) -> None:
+    proxy.write("web", *web(tb))
+    proxy.sync()
+    for address in (LB4, VIP6):
+        refused = request_tcp(tb.client, address, 8080)  # the node's own server's port
+        assert refused.outcome == "refused" and refused.reply is None, (address, refused)
+
+
+def test_a_service_deleted_while_a_server_drains_and_node_ports_out_of_range(
+    proxy: Harness, tb: Testbed
+) -> None:
+    key = f"TCP {VIP4}:80"
+    proxy.write("web", *web(tb))
+    proxy.write(
+        "odd",
+        service("odd", ["10.96.0.14"], type="NodePort", node_port=20080),
+        endpoints("odd", tb.pods[:1]),
+    )
+    proxy.sync()
+    assert set(names(many(tb.client, VIP4, 80, n=12))) == {"pod1", "pod2", "pod3"}
+    objs = web(tb)
+    objs[1] = endpoints("web", tb.pods[:2])
+    proxy.write("web", *objs)
+    proxy.sync()
+    assert dict(ipvsadm(tb)[key][1]).get("10.251.0.13:8080") == 0  # draining
+    proxy.remove("web")
+    proxy.sync()  # the draining server's service goes with it
+    assert key not in ipvsadm(tb)
+    proxy.sync(full=True)  # a NodePort outside 30000-32767 is still ours
+    proxy.sync(full=True)
+    assert request_tcp(tb.client, UPLINK_NODE4, 20080).reply.name == "pod1"  # type: ignore[union-attr]
