@@ -1,7 +1,7 @@
 """IPVS mode against nftables mode: cold programming and one endpoint change, in the IPVS VM.
 
     python bench/bench_ipvs.py [--sizes 1000,10000] [--endpoints 10] [--changes 30]
-                               [--timeout 900] [--json]
+                               [--timeout 300] [--profile] [--json]
 
 This host's kernel has no IPVS, so the script boots the test VM once (tests/vm/harness.py:
 qemu TCG, Debian's cloud kernel, this checkout and virtualenv shared read-only) and runs
@@ -24,11 +24,14 @@ The service table comes from bench_scale.make_cluster (same generator, same seed
   measuring process only), and into Python (user) and kernel (sys) CPU;
 - then a resync (a second full_sync with nothing changed), as the periodic reconcile.
 
-`ipvsadm -Ln` and the dummy's addresses are counted after the cold sync and compared with
-what `render()` says. A cold sync or resync still running after `--timeout` seconds is
-interrupted; the report gives what was programmed by then and the rate-based prediction.
-`--worker` alone runs the measurement on the machine it is started on (root, a kernel with
-IPVS) and prints the raw JSON.
+A discarded warm-up (50 services, both modes) first makes the kernel load its nf_tables
+modules. `ipvsadm -Ln` and the dummy's addresses are counted after the cold sync and compared
+with what `render()` says. A cold sync or resync still running after `--timeout` seconds is
+interrupted; the report gives what was programmed by then and the rate-based prediction (at
+10k services the IPVS cold sync takes ~14 min in the VM: the default timeout interrupts it).
+`--profile` adds a cProfile run of the IPVS cold sync at the smallest size. `--worker` alone
+runs the measurement on the machine it is started on (root, a kernel with IPVS) and prints
+the JSON result line.
 
 Benchmarks never assert. TCG emulates every guest instruction: absolute figures are many
 times slower than on hardware; the IPVS/nftables ratio, measured side by side, is the point.
@@ -531,6 +534,19 @@ def _commit() -> str:
     return f"{head}{' + uncommitted dataplane changes' if dirty else ''}"
 
 
+def _why_not(r: dict[str, Any]) -> str:
+    """Why a measurement after the cold sync is missing."""
+    if "error" in r:
+        return "failed"
+    if not r.get("cold", {}).get("finished", True):
+        return "cold sync interrupted at --timeout"
+    if "Out of memory" in r.get("error_after_cold", ""):
+        return "nft killed by the OOM killer, the VM has 1 GiB"
+    if "error_after_cold" in r:
+        return "stopped: " + r["error_after_cold"].split(":")[0]
+    return "not measured"
+
+
 def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.1f}x" if a is not None and b else "-"
 
@@ -612,7 +628,12 @@ def print_report(data: dict[str, Any]) -> None:
                 f"{'':>8} IPVS interrupted at --timeout {data['timeout_s']:.0f} s: "
                 f"{held['services']} of {exp['services']} virtual services, {held['servers']} "
                 f"of {exp['servers']} real servers programmed"
-                + (f"; at that rate ~{fmt_t(predicted)} in all" if predicted else "")
+                + (
+                    f"; at that rate ~{fmt_t(predicted)} in all, "
+                    f"~{_ratio(predicted, nc['wall_s'])} nftables"
+                    if predicted
+                    else ""
+                )
             )
     w(
         "  IPVS part: addresses = the dummy interface's addresses, services = virtual services "
@@ -630,15 +651,23 @@ def print_report(data: dict[str, Any]) -> None:
     )
     for size in data["sizes"]:
         n, i = by.get((size, "nftables"), {}), by.get((size, "ipvs"), {})
-        if "change" not in n or "change" not in i:
+        if "change" not in n and "change" not in i:
             continue
-        nc, ic = n["change"], i["change"]
-        w(
-            f"{size:>8}  {fmt_t(nc['median_s']):>9} {fmt_t(nc['p99_s']):>9}  "
-            f"{fmt_t(ic['median_s']):>9} {fmt_t(ic['p99_s']):>9} = {fmt_t(ic['nft_s']):>8} + "
-            f"{fmt_t(ic['ipvs_s']):>8}  {_ratio(ic['median_s'], nc['median_s']):>8}  "
-            f"{ic['ipvs_ops']:>8.0f}"
-        )
+        row = f"{size:>8}  "
+        if "change" in n:
+            row += f"{fmt_t(n['change']['median_s']):>9} {fmt_t(n['change']['p99_s']):>9}  "
+        else:
+            row += f"{'-':>9} {'-':>9}  "
+        if "change" in i:
+            nc, ic = n.get("change", {}), i["change"]
+            row += (
+                f"{fmt_t(ic['median_s']):>9} {fmt_t(ic['p99_s']):>9} = {fmt_t(ic['nft_s']):>8} + "
+                f"{fmt_t(ic['ipvs_s']):>8}  {_ratio(ic['median_s'], nc.get('median_s')):>8}  "
+                f"{ic['ipvs_ops']:>8.0f}"
+            )
+        else:
+            row += f"{'-':>9}   (IPVS: {_why_not(i)})"
+        w(row)
     if any("resync" in r for r in data["results"]):
         w("")
         w("Resync: full_sync again, nothing changed (the periodic reconcile)")
@@ -648,17 +677,26 @@ def print_report(data: dict[str, Any]) -> None:
         )
         for size in data["sizes"]:
             n, i = by.get((size, "nftables"), {}), by.get((size, "ipvs"), {})
-            if "resync" not in n or "resync" not in i:
+            if "resync" not in n and "resync" not in i:
                 continue
-            nr, ir = n["resync"], i["resync"]
-            late = "" if ir["finished"] else " (interrupted)"
-            w(
-                f"{size:>8}  {fmt_t(nr['wall_s']):>9}  {fmt_t(ir['wall_s']):>9} = "
-                f"{fmt_t(ir['nft_s']):>8} + {fmt_t(ir['ipvs_s']):>8}   {'':>11}"
-                f"{fmt_t(ir['dump_s']):>8} {fmt_t(ir['services_s']):>8} "
-                f"{fmt_t(ir.get('other_s')):>8}  {ir['ops'] if ir['ops'] is not None else '-':>8}"
-                f"{late}"
-            )
+            row = f"{size:>8}  "
+            if "resync" in n:
+                late = "" if n["resync"]["finished"] else ">"
+                row += f"{late + fmt_t(n['resync']['wall_s']):>9}  "
+            else:
+                row += f"{'-':>9}  "
+            if "resync" in i:
+                ir = i["resync"]
+                late = "" if ir["finished"] else " (interrupted)"
+                row += (
+                    f"{fmt_t(ir['wall_s']):>9} = {fmt_t(ir['nft_s']):>8} + "
+                    f"{fmt_t(ir['ipvs_s']):>8}   {'':>11}{fmt_t(ir['dump_s']):>8} "
+                    f"{fmt_t(ir['services_s']):>8} {fmt_t(ir.get('other_s')):>8}  "
+                    f"{ir['ops'] if ir['ops'] is not None else '-':>8}{late}"
+                )
+            else:
+                row += f"{'-':>9}   (IPVS: {_why_not(i)})"
+            w(row)
         w(
             "  dump = reading IPVS back (one real-server dump per virtual service), diff = "
             "converging; IPVS ops > 0 means the diff against the dump was not empty"
