@@ -683,6 +683,18 @@ def _ipvs_text(doc: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def kernel_document(
+    cfg: ProxyConfig, backend: IpvsBackend, plans: Sequence[Any], view: KernelView
+) -> dict[str, Any]:
+    """What `kernel` reports: the kernel's view listed, and its diff against the plans."""
+    desired, labels, refs = _ipvs_desired(plans, view.node_addresses, backend.settings.scheduler)
+    return {
+        "node": cfg.hostname_override,
+        "netns": backend.netns,
+        **_ipvs_report(backend, view, desired, labels, refs),
+    }
+
+
 def cmd_kernel(args: argparse.Namespace) -> int:
     def bad(message: object) -> int:
         print(f"lace-proxy: kernel: {message}", file=sys.stderr)
@@ -714,12 +726,7 @@ def cmd_kernel(args: argparse.Namespace) -> int:
         view = _read_ipvs(backend)
     except _KernelInputError as exc:
         return bad(exc)
-    desired, labels, refs = _ipvs_desired(plans, view.node_addresses, backend.settings.scheduler)
-    doc = {
-        "node": cfg.hostname_override,
-        "netns": args.netns,
-        **_ipvs_report(backend, view, desired, labels, refs),
-    }
+    doc = kernel_document(cfg, backend, plans, view)
     if args.output == "json":
         json.dump(doc, sys.stdout, indent=2)
         print()

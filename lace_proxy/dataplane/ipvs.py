@@ -311,9 +311,10 @@ class IpvsBackend:
         appear = {a for a, d in delta.items() if d > 0 and refs[a] == 0}
         vanish = {a for a, d in delta.items() if d < 0 and refs[a] + d <= 0}
         count = 0
-        with IPRoute() as ipr:
-            index = _dummy(ipr, self.settings.interface)
-            count += _add_addresses(ipr, index, appear)  # before IPVS needs them
+        if appear:
+            with IPRoute() as ipr:
+                index = _dummy(ipr, self.settings.interface)
+                count += _add_addresses(ipr, index, appear)  # before IPVS needs them
         touched = set(before) | set(after)
         held = {vs: self._programmed[vs] for vs in touched if vs in self._programmed}
         with IPVS() as ipvs:
@@ -325,9 +326,10 @@ class IpvsBackend:
             refs[address] += d
             if refs[address] <= 0:
                 del refs[address]
-        with IPRoute() as ipr:
-            index = _dummy(ipr, self.settings.interface)
-            count += _del_addresses(ipr, index, vanish)
+        if vanish:
+            with IPRoute() as ipr:
+                index = _dummy(ipr, self.settings.interface)
+                count += _del_addresses(ipr, index, vanish)
         return count
 
     def _converge(
@@ -521,13 +523,7 @@ def _real_server(d: dict[str, Any]) -> RealServer:
 
 def _connections(ipvs: Any, vs: VirtualServer) -> dict[tuple[str, int], int]:
     """Each real server's connections (active and inactive) under a virtual service."""
-    return {
-        (str(d["IPVS_DEST_ATTR_ADDR"]), int(d["IPVS_DEST_ATTR_PORT"])): int(
-            d.get("IPVS_DEST_ATTR_ACTIVE_CONNS", 0)
-        )
-        + int(d.get("IPVS_DEST_ATTR_INACT_CONNS", 0))
-        for d in _dests(ipvs, vs)
-    }
+    return {(r.address, r.port): r.active + r.inactive for r in map(_real_server, _dests(ipvs, vs))}
 
 
 def _dump(ipvs: Any) -> dict[VirtualServer, tuple[Target, frozenset[tuple[str, int]]]]:
@@ -541,9 +537,8 @@ def _dump(ipvs: Any) -> dict[VirtualServer, tuple[Target, frozenset[tuple[str, i
             continue
         vs = VirtualServer(names[svc["protocol"]], str(svc["addr"]), int(svc["port"]))
         serving, draining = set(), set()
-        for d in _dests(ipvs, vs):
-            server = (str(d["IPVS_DEST_ATTR_ADDR"]), int(d["IPVS_DEST_ATTR_PORT"]))
-            (serving if int(d.get("IPVS_DEST_ATTR_WEIGHT", 1)) > 0 else draining).add(server)
+        for r in map(_real_server, _dests(ipvs, vs)):
+            (serving if r.weight > 0 else draining).add((r.address, r.port))
         # pyroute2's from_message keeps its defaults in flags/timeout: read the raw ones.
         target = Target(str(svc.get("sched_name", "")), _persistence(msg), frozenset(serving))
         held[vs] = (target, frozenset(draining))

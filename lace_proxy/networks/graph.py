@@ -177,6 +177,7 @@ class NetworkGraph:
         }
         conditions += self._binding_conditions() + self._overlaps()
         self.conditions: tuple[Condition, ...] = tuple(sorted(conditions))
+        self._layout: NetworkLayout | None = None
 
     @property
     def enabled(self) -> bool:
@@ -255,7 +256,13 @@ class NetworkGraph:
         return frozenset(allowed)
 
     def layout(self) -> NetworkLayout:
-        """The model as the kernel needs it (see NetworkLayout)."""
+        """The model as the kernel needs it (see NetworkLayout); the graph never changes, so
+        it is worked out once (every sync asks for it)."""
+        if self._layout is None:
+            self._layout = self._make_layout()
+        return self._layout
+
+    def _make_layout(self) -> NetworkLayout:
         if not self.enabled:
             return NetworkLayout()
         ranges: list[tuple[int, str, str, str]] = []

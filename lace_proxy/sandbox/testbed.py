@@ -42,6 +42,7 @@ than the one asked is ignored and the request times out.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import ctypes
 import errno
@@ -417,7 +418,7 @@ def _reachable(source: Where, ip: str, port: int, deadline: float) -> Result:
     return result
 
 
-class TestbedBase:
+class TestbedBase(abc.ABC):
     """What every testbed shares: its namespaces, their workers, servers and teardown.
 
     Use as a context manager; everything is torn down on exit, also on exceptions and Ctrl-C.
@@ -470,8 +471,9 @@ class TestbedBase:
             raise
         self.setup_seconds = time.monotonic() - started
 
+    @abc.abstractmethod
     def _build(self) -> None:
-        raise NotImplementedError
+        """Make the namespaces, links, addresses, routes and servers (the subclass's topology)."""
 
     def _add_namespaces(self, roles: Sequence[str]) -> list[Netns]:
         """Create one namespace per role, with its worker, in order.

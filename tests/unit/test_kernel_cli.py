@@ -1,5 +1,6 @@
 """`lace-proxy kernel` on the host (no IPVS here): bad input, nftables mode and a missing
-ip_vs are exit code 2 with a clear message; the diff's rules against a made-up kernel view.
+ip_vs are exit code 2 with a clear message; the diff's rules, given a kernel view as data
+(`kernel_document`, the report the command prints).
 
 The real kernel, witnessed by ipvsadm, is tests/vm/inner/test_kernel_cli.py's.
 """
@@ -11,11 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyroute2.netlink.exceptions import NetlinkError
 
-from lace_proxy.cli import IPVS_UNAVAILABLE, main
-from lace_proxy.dataplane import ipvs
-from lace_proxy.dataplane.ipvs import IpvsBackend, KernelView, RealServer, Target, VirtualServer
+from lace_proxy.cli import (
+    IPVS_UNAVAILABLE,
+    _ipvs_plans,
+    _ipvs_text,
+    build_parser,
+    kernel_document,
+    main,
+)
+from lace_proxy.config import config_from_args
+from lace_proxy.dataplane.ipvs import KernelView, RealServer, Target, VirtualServer
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "sandbox"
 IPVS_ARGS = ["--manifests", str(EXAMPLES), "--proxy-mode", "ipvs"]
@@ -52,13 +59,10 @@ def test_bad_input_is_exit_code_2_naming_it(
     assert err.startswith("lace-proxy: kernel: ") and message in err, err
 
 
-def test_a_kernel_without_ipvs_says_so(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    def no_ipvs() -> None:  # what pyroute2 raises when the generic-netlink family is missing
-        raise NetlinkError(2, "No such file or directory")
-
-    monkeypatch.setattr(ipvs, "IPVS", no_ipvs)  # this host's kernel may or may not have it
+@pytest.mark.skipif(
+    Path("/proc/net/ip_vs").exists(), reason="this kernel has IPVS (the VM tests cover it)"
+)
+def test_a_kernel_without_ipvs_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(IPVS_ARGS, capsys)
     assert (code, out) == (2, "")
     assert err == f"lace-proxy: kernel: {IPVS_UNAVAILABLE}\n"
@@ -85,21 +89,24 @@ def _in_sync() -> dict[VirtualServer, tuple[str, int, tuple[RealServer, ...]]]:
     return {VIP4: ("rr", 0, v4), VIP6: ("rr", 0, v6), PORT4: ("rr", 0, v4), PORT6: ("rr", 0, v6)}
 
 
-def _fake(monkeypatch: pytest.MonkeyPatch, view: KernelView) -> None:
-    monkeypatch.setattr(IpvsBackend, "inspect", lambda self: view)
+def report(view: KernelView, output: str = "text") -> tuple[int, str]:
+    """The command's report for this kernel view and the example manifests (exit code, text)."""
+    args = build_parser().parse_args(["kernel", *IPVS_ARGS, *NODE])
+    cfg = config_from_args(args)
+    backend, plans = _ipvs_plans(args, cfg)  # reads the manifests; touches no kernel
+    doc = kernel_document(cfg, backend, plans, view)
+    text = json.dumps(doc) if output == "json" else _ipvs_text(doc)
+    return (0 if doc["inSync"] else 1), text
 
 
-def test_in_sync_lists_like_ipvsadm_with_service_names(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_in_sync_lists_like_ipvsadm_with_service_names() -> None:
     services = _in_sync()
     # A draining real server (removed, weight 0) is what the proxy leaves: not a difference;
     # a virtual service on an address that is not ours is listed, never diffed.
     services[VIP4] = ("rr", 0, (*services[VIP4][2], _rs("10.251.0.19", 8000, weight=0)))
     services[VirtualServer("UDP", "10.77.0.1", 53)] = ("wlc", 0, (_rs("10.77.0.2", 53),))
-    _fake(monkeypatch, _view(services))
-    code, out, err = run([*IPVS_ARGS, *NODE], capsys)
-    assert (code, err) == (0, ""), out
+    code, out = report(_view(services))
+    assert code == 0, out
     lines = out.splitlines()
     assert lines[1].split() == ["Prot", "LocalAddress:Port", "Scheduler", "Flags", "SERVICE"]
     assert lines[2].split() == [
@@ -119,9 +126,7 @@ def test_in_sync_lists_like_ipvsadm_with_service_names(
     assert lines[-1] == "in sync: IPVS holds the table's 4 virtual services"
 
 
-def test_diff_names_each_difference(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_diff_names_each_difference() -> None:
     services = _in_sync()
     del services[PORT6]  # missing
     # Scheduler changed, pod3 deleted, pod2 at weight 0 though desired, a stranger serving.
@@ -134,9 +139,8 @@ def test_diff_names_each_difference(
     services[VirtualServer("TCP", "10.96.0.10", 81)] = ("rr", 0, (_rs(PODS4[0], 8000),))
     services[VirtualServer("TCP", "10.250.0.1", 30999)] = ("rr", 0, ())  # a NodePort of ours
     services[VirtualServer("TCP", "10.250.0.1", 22)] = ("rr", 0, ())  # not in the range
-    _fake(monkeypatch, _view(services))
-    code, out, err = run([*IPVS_ARGS, *NODE, "-o", "json"], capsys)
-    assert (code, err) == (1, "")
+    code, out = report(_view(services), "json")
+    assert code == 1
     doc: dict[str, Any] = json.loads(out)
     diff = doc["diff"]
     assert doc["inSync"] is False and doc["node"] == "sandbox-node" and doc["netns"] is None
@@ -179,7 +183,7 @@ def test_diff_names_each_difference(
         "inactiveConns": 0,
     }
     # The same in text.
-    code, out, _ = run([*IPVS_ARGS, *NODE], capsys)
+    code, out = report(_view(services))
     assert code == 1
     diff_text = out[out.index("Against the table") :]
     assert "missing     TCP  [fd00:250::1]:30080 rr" in diff_text
