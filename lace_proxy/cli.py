@@ -77,6 +77,7 @@ def nftables_settings(cfg: ProxyConfig) -> NftablesSettings:
         node_port_primary=primary,
         service_cidrs=tuple(str(n) for n in cfg.lace.service_cidrs),
         pod_interface_prefix=cfg.detect_local.interface_name_prefix,
+        translate=cfg.mode != "ipvs",  # IPVS translates in IPVS mode
     )
 
 
@@ -85,7 +86,7 @@ def dataplane(cfg: ProxyConfig) -> NftablesBackend | IpvsBackend:
     settings = nftables_settings(cfg)
     if cfg.mode != "ipvs":
         return NftablesBackend(settings, Nft(), Conntrack())
-    nft = NftablesBackend(dataclasses.replace(settings, translate=False), Nft(), Conntrack())
+    nft = NftablesBackend(settings, Nft(), Conntrack())
     ipvs = IpvsSettings(scheduler=cfg.ipvs.scheduler, strict_arp=cfg.ipvs.strict_arp)
     return IpvsBackend(ipvs, nft)
 

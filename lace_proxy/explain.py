@@ -61,7 +61,7 @@ PASSES = "passes"  # not lace-proxy's to decide: it lets it through untouched
 DENIED = "denied"  # the network model refuses it (ICMP admin-prohibited)
 DROPPED = "dropped"  # silently dropped (a timeout for the client)
 REJECTED = "rejected"  # refused for want of endpoints / service port (port-unreachable)
-UNPROXIED = "unproxied"  # the node's connection leaves by its own routes, untranslated
+UNPROXIED = "unproxied"  # the node's connection to a ClusterIP outside node.serviceCIDRs
 GOES_THROUGH = (ALLOWED, PASSES)
 
 #: Plan attributes `Renderer._render_access` reads (both table twins have them).
@@ -531,11 +531,7 @@ def _explain_frontend(
                 ),
                 Expect((f"service-cidrs-{v}",), q.destination, False, "node.serviceCIDRs", True),
             ]
-            reason = (
-                f"needs node.serviceCIDRs (lace.serviceCIDRs) to cover {q.destination}: "
-                "without it the node's connection leaves by its own routes"
-            )
-            return _done(e, UNPROXIED, reason, expects, backends=())
+            return _done(e, UNPROXIED, _unproxied(state, q), expects, backends=())
         if access is not None and f.kind == NODE_PORT:
             controlled, element, _ = _access_elements(plan, f, None)
             expects.append(Expect((controlled,), element, True, "controlled by the model"))
@@ -663,11 +659,7 @@ def _explain_address(state: State, e: Explanation) -> Explanation:
             and graph.enabled
             and not _covered(q.destination, state.settings.service_cidrs)
         ):
-            reason = (
-                f"needs node.serviceCIDRs (lace.serviceCIDRs) to cover {q.destination}: "
-                "without it the node's connection leaves by its own routes"
-            )
-            return _done(e, UNPROXIED, reason, [], backends=())
+            return _done(e, UNPROXIED, _unproxied(state, q), [], backends=())
         expects = [
             Expect((f"cluster-ips-{v}",), q.destination, True, "the ClusterIPs", programmed=True)
         ]
@@ -860,6 +852,19 @@ def _denial(state: State, e: Explanation, access: Access, labels: Mapping[str, s
             f"serviceSelector does not pick {svc}"
         )
     return text
+
+
+def _unproxied(state: State, q: Query) -> str:
+    """Why the node's connection to a ClusterIP outside node.serviceCIDRs is not served."""
+    fate = (
+        "leaves by its own routes"
+        if state.settings.translate
+        else "is refused as unroutable (IPVS would take it: the address is local)"
+    )
+    return (
+        f"needs node.serviceCIDRs (lace.serviceCIDRs) to cover {q.destination}: "
+        f"without it the node's connection {fate}"
+    )
 
 
 def _peering_hint(graph: NetworkGraph, network: str) -> str:

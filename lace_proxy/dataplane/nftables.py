@@ -63,6 +63,9 @@ ACCESS_CHAINS = ("access", "host-access", "unproxied")
 #: What a connection the network model does not allow gets: an ICMP error no other part of
 #: the proxy sends (no endpoints is port-unreachable), so it is told apart on the wire.
 DENY = "reject with icmpx admin-prohibited"
+#: The node's own connection to a ClusterIP outside lace.serviceCIDRs, in IPVS mode: no route
+#: to the proxy (nftables mode lets it leave by the node's routes).
+UNROUTED = "reject with icmpx no-route"
 SAFE_COMMENT = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
 IFNAME_PREFIX = re.compile(r"^[A-Za-z0-9._-]{1,15}$")
 TABLE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
@@ -311,8 +314,12 @@ class Renderer:
                 out.element(f"host-unpeered-v{fam}", span)
         for cidr in _collapsed(layout.local_pod_cidrs):
             out.element(f"local-pod-cidrs-v{ipaddress.ip_network(cidr).version}", cidr)
+        # Not proxied: nftables lets the packet go by the node's routes; IPVS would take it
+        # anyway (the address is local), so it is refused as unroutable there.
+        unproxied = "accept" if self.s.translate else UNROUTED
         out.chains["unproxied"] = tuple(
-            f"{_ip(fam)} daddr @cluster-ips-v{fam} {_ip(fam)} daddr != @service-cidrs-v{fam} accept"
+            f"{_ip(fam)} daddr @cluster-ips-v{fam} {_ip(fam)} daddr != @service-cidrs-v{fam}"
+            f" {unproxied}"
             for fam in FAMILIES
         )
         for network in layout.networks:

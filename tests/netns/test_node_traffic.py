@@ -32,6 +32,7 @@ from lace_proxy.sandbox.cluster import (
 )
 from lace_proxy.sandbox.testbed import Host, Result, request_tcp
 
+from ..conftest import MODES
 from ..lacekit import external, l3, net, routing, service_binding, service_routing
 from .proxykit import Harness, endpoints, service
 
@@ -90,6 +91,7 @@ class Cluster:
         *,
         service_cidrs: bool = True,
         pod_interfaces: str = "",
+        mode: str = "nftables",
     ) -> None:
         routing_settings = RoutingSettings(service_cidrs=(SERVICE_CIDR4,) if service_cidrs else ())
         self.proxies = {
@@ -102,6 +104,7 @@ class Cluster:
                 cluster_cidrs=("10.251.0.0/16", "10.254.0.0/16"),
                 service_cidrs=routing_settings.service_cidrs,
                 pod_interface_prefix=pod_interfaces,
+                mode=mode,
             )
             for name, host in tb.nodes.items()
         }
@@ -125,9 +128,15 @@ class Cluster:
             proxy.close()
 
 
+@pytest.fixture(params=MODES)
+def mode(request: pytest.FixtureRequest) -> str:
+    """The proxies' mode: nftables here, IPVS inside the VM (tests/vm)."""
+    return str(request.param)
+
+
 @pytest.fixture
-def lace(cluster: ClusterTestbed, tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(cluster, tmp_path)
+def lace(cluster: ClusterTestbed, tmp_path: Path, mode: str) -> Iterator[Cluster]:
+    c = Cluster(cluster, tmp_path, mode=mode)
     try:
         c.write("networks", *NETWORKS)
         c.sync()
@@ -185,7 +194,7 @@ def test_a_peered_longer_prefix_inside_an_unpeered_network_is_reachable(
     assert answered_by(request_tcp(a, B1_4, 8080), "b1")
     assert denied(request_tcp(a, BBLUE4, 8080))
     # The kernel holds the addresses that classify into unpeered networks, read back exactly.
-    held = lace.proxies["node-a"].backend.read_back()
+    held = lace.proxies["node-a"].nft.read_back()
     assert held is not None
     assert held.elements["host-unpeered-v4"] == {
         "10.251.0.0/23",
@@ -195,13 +204,13 @@ def test_a_peered_longer_prefix_inside_an_unpeered_network_is_reachable(
 
 
 def test_the_node_reaches_its_own_pods_of_every_network_through_pod_interfaces(
-    cluster: ClusterTestbed, tmp_path: Path
+    cluster: ClusterTestbed, tmp_path: Path, mode: str
 ) -> None:
     """Node.spec.podCIDRs name the default network's block only; with the pod interfaces'
     prefix (detectLocal.interfaceNamePrefix) the node's own blue pod is exempt too."""
     a = node(cluster, "node-a")
     for prefix in ("", "v"):  # pod veths: va1, vablue, vb1, ... (the uplink is eth0)
-        c = Cluster(cluster, tmp_path / (prefix or "none"), pod_interfaces=prefix)
+        c = Cluster(cluster, tmp_path / (prefix or "none"), pod_interfaces=prefix, mode=mode)
         try:
             c.write("networks", *NETWORKS)
             c.sync()
@@ -214,9 +223,9 @@ def test_the_node_reaches_its_own_pods_of_every_network_through_pod_interfaces(
 
 
 def test_without_networks_the_node_reaches_every_pod_and_lace_owns_no_rules(
-    cluster: ClusterTestbed, tmp_path: Path
+    cluster: ClusterTestbed, tmp_path: Path, mode: str
 ) -> None:
-    c = Cluster(cluster, tmp_path)
+    c = Cluster(cluster, tmp_path, mode=mode)
     try:
         c.sync()
         assert answered_by(request_tcp(node(cluster, "node-a"), BBLUE4, 8080), "bblue")
@@ -231,31 +240,40 @@ def test_without_networks_the_node_reaches_every_pod_and_lace_owns_no_rules(
 
 
 def test_node_to_cluster_ip_needs_peering_and_service_cidrs(
-    cluster: ClusterTestbed, lace: Cluster
+    cluster: ClusterTestbed, lace: Cluster, mode: str
 ) -> None:
     a = node(cluster, "node-a")
-    # The policy route makes the ClusterIP routable from the node with its own address.
     route = cluster.exec(a, ["ip", "route", "get", WEB_VIP]).stdout
-    assert f"dev eth0 table 1450 src {NODE_A4}" in route, route
+    if mode == "nftables":
+        # The policy route makes the ClusterIP routable from the node with its own address.
+        assert f"dev eth0 table 1450 src {NODE_A4}" in route, route
+    else:  # the address is local (lace-ipvs0); masquerade gives the connection a source
+        assert route.startswith(f"local {WEB_VIP} dev lo table local"), route
     assert denied(request_tcp(a, WEB_VIP, 80))  # serviceCIDRs, no peering
     lace.write("peering", HOST_PEERING)
     lace.sync()
     replies = [request_tcp(a, WEB_VIP, 80) for _ in range(12)]
     assert {r.reply.name for r in replies if r.reply} == {"a1", "b1"}, replies
+    # The other node's endpoint saw node-a's own address: its answer can come back.
+    assert {r.reply.peer for r in replies if r.reply and r.reply.name == "b1"} == {NODE_A4}
     lace.remove("peering")
     lace.sync()
     assert denied(request_tcp(a, WEB_VIP, 80))
 
 
-def test_without_service_cidrs_node_service_traffic_leaves_by_the_uplink(
-    cluster: ClusterTestbed, tmp_path: Path
+def test_without_service_cidrs_node_service_traffic_is_not_proxied(
+    cluster: ClusterTestbed, tmp_path: Path, mode: str
 ) -> None:
-    c = Cluster(cluster, tmp_path, service_cidrs=False)
+    c = Cluster(cluster, tmp_path, service_cidrs=False, mode=mode)
     try:
         c.write("networks", *NETWORKS)
         c.write("peering", HOST_PEERING)
         c.sync()
-        assert request_tcp(node(cluster, "node-a"), WEB_VIP, 80).outcome == "escaped"
+        result = request_tcp(node(cluster, "node-a"), WEB_VIP, 80)
+        if mode == "nftables":
+            assert result.outcome == "escaped", result
+        else:  # IPVS would take it (the address is local): refused as unroutable instead
+            assert result.icmp is not None and (result.icmp.type, result.icmp.code) == (3, 0)
         # Pods are still served: only the node's own traffic is left alone.
         assert answered_by(request_tcp(cluster.pods["a2"], WEB_VIP, 80), "a1", "b1")
     finally:

@@ -234,6 +234,12 @@ def test_node_to_cluster_ip_needs_service_cidrs_then_peering(
         f"needs node.serviceCIDRs (lace.serviceCIDRs) to cover {WEB_VIP}: without it the "
         "node's connection leaves by its own routes"
     )
+    # In IPVS mode the address is local: IPVS would take the connection, so it is refused.
+    code, doc = run(capsys, folder, "node", f"{WEB_VIP}:80", "--proxy-mode", "ipvs")
+    assert (code, doc["verdict"]) == (1, "unproxied")
+    assert doc["reason"].endswith(
+        "node's connection is refused as unroutable (IPVS would take it: the address is local)"
+    )
     folder.service_cidrs("10.96.0.0/16")
     code, doc = run(capsys, folder, "node", f"{WEB_VIP}:80")
     assert code == 1
