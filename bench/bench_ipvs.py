@@ -26,7 +26,7 @@ The service table comes from bench_scale.make_cluster (same generator, same seed
 
 A discarded warm-up (50 services, both modes) first makes the kernel load its nf_tables
 modules. `ipvsadm -Ln` and the dummy's addresses are counted after the cold sync and compared
-with what `render()` says. A cold sync or resync still running after `--timeout` seconds is
+with what IPVS mode's `Wanted` says. A cold sync or resync still running after `--timeout` s is
 interrupted; the report gives what was programmed by then and the rate-based prediction (at
 10k services the IPVS cold sync takes ~14 min in the VM: the default timeout interrupts it).
 `--profile` adds a cProfile run of the IPVS cold sync at the smallest size. `--worker` alone
@@ -68,7 +68,7 @@ from bench_scale import (
 )
 
 import lace_proxy.dataplane.ipvs as ipvs_module
-from lace_proxy.dataplane.ipvs import IpvsBackend, IpvsSettings, addresses_of, render
+from lace_proxy.dataplane.ipvs import IpvsBackend, IpvsSettings, Wanted, addresses_of
 from lace_proxy.dataplane.nft import Nft
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
 from lace_proxy.table import IMPLEMENTATION, ServiceTable
@@ -165,12 +165,13 @@ def dummy_addresses(netns: str | None, interface: str) -> int:
 
 
 def expected_ipvs(plans: list[Any]) -> dict[str, int]:
-    """What render() says the plans need: virtual services, real servers, dummy addresses."""
-    desired: dict[Any, Any] = {}
+    """What Wanted says the plans need: virtual services, real servers, dummy addresses."""
+    wanted = Wanted((NODE_ADDRESS,), IpvsSettings().scheduler)
     addresses: set[str] = set()
     for plan in plans:
-        desired.update(render(plan, (NODE_ADDRESS,), IpvsSettings().scheduler))
+        wanted.add(plan)
         addresses |= addresses_of(plan)
+    desired = wanted.desired()
     return {
         "services": len(desired),
         "servers": sum(len(t.servers) for t in desired.values()),
@@ -702,7 +703,7 @@ def print_report(data: dict[str, Any]) -> None:
             "converging; IPVS ops > 0 means the diff against the dump was not empty"
         )
     w("")
-    w("Sanity after the cold sync: ipvsadm -Ln and the dummy's addresses vs render()")
+    w("Sanity after the cold sync: ipvsadm -Ln and the dummy's addresses vs Wanted")
     for size in data["sizes"]:
         i = by.get((size, "ipvs"), {})
         if "cold" not in i:

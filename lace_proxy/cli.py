@@ -30,8 +30,8 @@ from lace_proxy.dataplane.ipvs import (
     RealServer,
     Target,
     VirtualServer,
+    Wanted,
     addresses_of,
-    render,
 )
 from lace_proxy.dataplane.nft import Nft, NftError, netns_prefix
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
@@ -87,8 +87,20 @@ def dataplane(cfg: ProxyConfig) -> NftablesBackend | IpvsBackend:
     if cfg.mode != "ipvs":
         return NftablesBackend(settings, Nft(), Conntrack())
     nft = NftablesBackend(settings, Nft(), Conntrack())
-    ipvs = IpvsSettings(scheduler=cfg.ipvs.scheduler, strict_arp=cfg.ipvs.strict_arp)
-    return IpvsBackend(ipvs, nft)
+    return IpvsBackend(ipvs_settings(cfg), nft)
+
+
+def ipvs_settings(cfg: ProxyConfig) -> IpvsSettings:
+    """The IPVS backend's view of the configuration (ipvs.*)."""
+    c = cfg.ipvs
+    return IpvsSettings(
+        scheduler=c.scheduler,
+        strict_arp=c.strict_arp,
+        exclude_cidrs=tuple(str(n) for n in c.exclude_cidrs),
+        tcp_timeout=round(c.tcp_timeout),
+        tcp_fin_timeout=round(c.tcp_fin_timeout),
+        udp_timeout=round(c.udp_timeout),
+    )
 
 
 def routing_settings(cfg: ProxyConfig) -> RoutingSettings:
@@ -438,21 +450,18 @@ def _ipvs_plans(args: argparse.Namespace, cfg: ProxyConfig) -> tuple[IpvsBackend
 def _ipvs_desired(
     plans: Sequence[Any], node_addresses: Sequence[str], scheduler: str
 ) -> tuple[dict[VirtualServer, Target], dict[VirtualServer, list[str]], set[str]]:
-    """What a full sync would program (IPVS mode's own `render`, on the node addresses the
+    """What a full sync would program (IPVS mode's own `Wanted`, on the node addresses the
     backend read from the kernel), each virtual service's service ports for the SERVICE
-    column, and the addresses the dummy interface would hold."""
-    desired: dict[VirtualServer, Target] = {}
-    labels: dict[VirtualServer, list[str]] = {}
+    column (the one it serves first), and the addresses the dummy interface would hold."""
+    wanted = Wanted(node_addresses, scheduler)
+    label: dict[str, str] = {}
     refs: set[str] = set()
-    for plan in plans:  # in the order a full sync renders them (a later one wins)
-        rendered = render(plan, node_addresses, scheduler)
-        desired.update(rendered)
-        label = f"{plan.service}:{plan.port_name}" if plan.port_name else plan.service
-        for vs in rendered:
-            labels.setdefault(vs, [])
-            if label not in labels[vs]:
-                labels[vs].append(label)
+    for plan in plans:
+        wanted.add(plan)
+        label[plan.id] = f"{plan.service}:{plan.port_name}" if plan.port_name else plan.service
         refs |= addresses_of(plan)
+    desired = wanted.desired()
+    labels = {vs: list(dict.fromkeys(label[p] for p in wanted.plans(vs))) for vs in desired}
     return desired, labels, refs
 
 
@@ -744,7 +753,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     print(f"nftables table inet {nft.table}: {'removed' if removed else 'not present'}")
     # IPVS leftovers go whatever the mode: a node may be switching from one to the other.
     untranslated = NftablesBackend(dataclasses.replace(settings, translate=False), Nft())
-    ipvs = IpvsBackend(IpvsSettings(), untranslated)
+    ipvs = IpvsBackend(ipvs_settings(cfg), untranslated)
     try:
         count = ipvs.remove_ipvs()
         print(f"IPVS virtual services and interface {ipvs.settings.interface}: {count} removed")

@@ -23,6 +23,7 @@ import ipaddress
 import logging
 import os
 import socket
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable
@@ -32,7 +33,9 @@ from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 from pyroute2 import IPVS, IPRoute, IPVSDest, IPVSService
+from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST, genlmsg
 from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.generic import ipvs as genl_ipvs
 
 from lace_proxy.dataplane.nftables import NO_NETWORKS, NftablesBackend
 from lace_proxy.networks.graph import NetworkLayout
@@ -64,6 +67,13 @@ class IpvsSettings:
     node_port_range: tuple[int, int] = (30000, 32767)
     grace_period: float = 30.0  # seconds a removed real server may keep its connections
     strict_arp: bool = False
+    #: ipvs.excludeCIDRs: stale virtual services on these addresses are left alone by syncs
+    #: and cleanup (kube-proxy's meaning); the table's own services are still programmed.
+    exclude_cidrs: tuple[str, ...] = ()
+    #: ipvs.tcpTimeout, tcpFinTimeout, udpTimeout in seconds; 0 keeps the kernel's value.
+    tcp_timeout: int = 0
+    tcp_fin_timeout: int = 0
+    udp_timeout: int = 0
 
 
 class VirtualServer(NamedTuple):
@@ -110,28 +120,74 @@ class KernelView:
 
 def render(
     plan: Any, node_addresses: Iterable[str], default_scheduler: str
-) -> dict[VirtualServer, Target]:
-    """A plan's virtual services: its ClusterIP, ExternalIPs and LB IPs, and its NodePort
-    on each node address of the plan's family."""
+) -> list[tuple[VirtualServer, int, Target]]:
+    """A plan's virtual services, each with its rank (0: an address frontend, 1: a NodePort on
+    a node address): its ClusterIP, ExternalIPs and LB IPs, and its NodePort on each node
+    address of the plan's family."""
     scheduler = getattr(plan, "scheduler", "") or default_scheduler
 
     def target(backends: Iterable[Any], verdict: str | None) -> Target:
         servers = frozenset() if verdict else frozenset((b.ip, b.port) for b in backends)
         return Target(scheduler, plan.affinity_timeout, servers)
 
-    out = {
-        VirtualServer(plan.protocol, plan.cluster_ip, plan.port): target(
-            plan.internal_backends, plan.internal_verdict
-        )
-    }
+    internal = target(plan.internal_backends, plan.internal_verdict)
+    out = [(VirtualServer(plan.protocol, plan.cluster_ip, plan.port), 0, internal)]
     external = target(plan.external_backends, plan.external_verdict)
     for address in (*plan.external_ips, *plan.lb_ips):
-        out[VirtualServer(plan.protocol, address, plan.port)] = external
+        out.append((VirtualServer(plan.protocol, address, plan.port), 0, external))
     if plan.node_port:
         for address in node_addresses:
             if _family(address) == plan.family:
-                out[VirtualServer(plan.protocol, address, plan.node_port)] = external
+                out.append((VirtualServer(plan.protocol, address, plan.node_port), 1, external))
     return out
+
+
+class Wanted:
+    """Which plans want each virtual service, and what it should be.
+
+    Two plans can render the same virtual service: a NodePort on a node address that is
+    also another service's ExternalIP (same port). The address frontend wins, as in nftables
+    mode (service-ips is looked up before service-nodeports), then the lower plan id; when
+    the winner goes, the other takes over instead of the service vanishing.
+    """
+
+    def __init__(self, node_addresses: Iterable[str], scheduler: str) -> None:
+        self.node_addresses = tuple(node_addresses)
+        self.scheduler = scheduler
+        self._wants: dict[VirtualServer, dict[str, tuple[int, Target]]] = {}
+        self._of_plan: dict[str, list[VirtualServer]] = {}
+
+    def add(self, plan: Any) -> list[VirtualServer]:
+        """Record a plan's virtual services; returns them."""
+        rendered = render(plan, self.node_addresses, self.scheduler)
+        for vs, rank, target in rendered:
+            self._wants.setdefault(vs, {})[plan.id] = (rank, target)
+        self._of_plan[plan.id] = [vs for vs, _, _ in rendered]
+        return self._of_plan[plan.id]
+
+    def remove(self, plan: Any) -> list[VirtualServer]:
+        """Forget a plan (as it was added); returns the virtual services it wanted."""
+        services = self._of_plan.pop(plan.id, [])
+        for vs in services:
+            wants = self._wants[vs]
+            wants.pop(plan.id, None)
+            if not wants:
+                del self._wants[vs]
+        return services
+
+    def target(self, vs: VirtualServer) -> Target | None:
+        wants = self._wants.get(vs)
+        if not wants:
+            return None
+        _, _, target = min((rank, pid, t) for pid, (rank, t) in wants.items())
+        return target
+
+    def plans(self, vs: VirtualServer) -> list[str]:
+        """The plans wanting a virtual service, the one it serves first."""
+        return [pid for _, pid in sorted((r, pid) for pid, (r, _) in self._wants[vs].items())]
+
+    def desired(self) -> dict[VirtualServer, Target]:
+        return {vs: t for vs in self._wants if (t := self.target(vs)) is not None}
 
 
 def addresses_of(plan: Any) -> set[str]:
@@ -163,7 +219,9 @@ class IpvsBackend:
         self._worker = (
             ThreadPoolExecutor(1, initializer=_enter_netns, initargs=(netns,)) if netns else None
         )
+        self._exclude = tuple(ipaddress.ip_network(c, strict=False) for c in settings.exclude_cidrs)
         self._programmed: dict[VirtualServer, Target] = {}
+        self._wanted = Wanted((), settings.scheduler)  # set by each full sync
         self._address_refs: Counter[str] = Counter()  # dummy address -> plans using it
         self._node_addresses: tuple[str, ...] = ()
         # Real servers draining at weight 0, with their deadlines, per virtual service.
@@ -252,6 +310,8 @@ class IpvsBackend:
     ) -> bool:
         """The ownership rule: a virtual service on a dummy address, or on a node address
         within the NodePort range, is ours (everything else is left alone)."""
+        if self._excluded(vs.address):
+            return False
         low, high = self.settings.node_port_range
         return vs.address in dummy_addresses or (
             vs.address in node_addresses and low <= vs.port <= high
@@ -266,6 +326,11 @@ class IpvsBackend:
 
     def _reconcile(self, plans: list[Any]) -> int:
         _write_sysctls({**SYSCTLS, **(STRICT_ARP if self.settings.strict_arp else {})})
+        s = self.settings
+        timeouts = (s.tcp_timeout, s.tcp_fin_timeout, s.udp_timeout)
+        if any(timeouts):
+            with IPVS() as ipvs:
+                _set_timeouts(ipvs, timeouts)
         refs: Counter[str] = Counter()
         for plan in plans:
             refs.update(addresses_of(plan))
@@ -275,38 +340,41 @@ class IpvsBackend:
             held = _held_addresses(ipr, index)
             count = _add_addresses(ipr, index, set(refs) - held)
         self._address_refs = refs
-        desired: dict[VirtualServer, Target] = {}
+        wanted = Wanted(self._node_addresses, self.settings.scheduler)
         for plan in plans:
-            desired.update(render(plan, self._node_addresses, self.settings.scheduler))
+            wanted.add(plan)
+        desired = wanted.desired()
         now = self._clock()
         with IPVS() as ipvs:
             held_services = {}
             ours = set(refs) | held  # also the addresses of services deleted meanwhile
             for vs, (target, draining) in _dump(ipvs).items():
-                if self._owns(vs, ours) or vs in desired:
+                # Ours: by address, wanted now, or made by this process (e.g. a NodePort on
+                # an address the node no longer has).
+                made = vs in self._programmed and not self._excluded(vs.address)
+                if vs in desired or self._owns(vs, ours) or made:
                     held_services[vs] = target
                     for server in draining:  # e.g. left by a previous process: finish them
                         self._terminating.setdefault(vs, {}).setdefault(
                             server, now + self.settings.grace_period
                         )
             count += self._converge(ipvs, held_services, desired)
-        self._programmed = desired
+        self._programmed, self._wanted = desired, wanted
         with IPRoute() as ipr:  # after IPVS: the addresses say which services are ours
             count += _del_addresses(ipr, index, held - set(refs))
         return count
 
     def _apply(self, changes: Changeset) -> int:
-        old_plans = (*changes.removed, *(old for old, _ in changes.updated))
-        new_plans = (*changes.added, *(new for _, new in changes.updated))
-        before: dict[VirtualServer, Target] = {}
-        after: dict[VirtualServer, Target] = {}
+        wanted = self._wanted
+        touched: set[VirtualServer] = set()
         delta: Counter[str] = Counter()
-        for plan in old_plans:
-            before.update(render(plan, self._node_addresses, self.settings.scheduler))
+        for plan in (*changes.removed, *(old for old, _ in changes.updated)):
+            touched.update(wanted.remove(plan))
             delta.subtract(addresses_of(plan))
-        for plan in new_plans:
-            after.update(render(plan, self._node_addresses, self.settings.scheduler))
+        for plan in (*changes.added, *(new for _, new in changes.updated)):
+            touched.update(wanted.add(plan))
             delta.update(addresses_of(plan))
+        after = {vs: t for vs in touched if (t := wanted.target(vs)) is not None}
         refs = self._address_refs
         appear = {a for a, d in delta.items() if d > 0 and refs[a] == 0}
         vanish = {a for a, d in delta.items() if d < 0 and refs[a] + d <= 0}
@@ -315,11 +383,10 @@ class IpvsBackend:
             with IPRoute() as ipr:
                 index = _dummy(ipr, self.settings.interface)
                 count += _add_addresses(ipr, index, appear)  # before IPVS needs them
-        touched = set(before) | set(after)
         held = {vs: self._programmed[vs] for vs in touched if vs in self._programmed}
         with IPVS() as ipvs:
             count += self._converge(ipvs, held, after, only=touched)
-        for vs in set(before) - set(after):
+        for vs in touched - set(after):
             self._programmed.pop(vs, None)
         self._programmed.update(after)
         for address, d in delta.items():
@@ -410,8 +477,15 @@ class IpvsBackend:
     def _owns(self, vs: VirtualServer, dummy_addresses: set[str]) -> bool:
         return self.owns(vs, dummy_addresses, self._node_addresses)
 
-    def _local_addresses(self, ipr: Any, dummy_index: int) -> tuple[str, ...]:
-        """The node's addresses that NodePorts answer on (as nftables' NodePort rule)."""
+    def _excluded(self, address: str) -> bool:
+        ip = ipaddress.ip_address(address)
+        return any(ip in net for net in self._exclude if net.version == ip.version)
+
+    def _local_addresses(
+        self, ipr: Any, dummy_index: int, *, every: bool = False
+    ) -> tuple[str, ...]:
+        """The node's addresses that NodePorts answer on (as nftables' NodePort rule); with
+        `every`, all that NodePorts may ever have used (cleanup: no Node object, no config)."""
         nft = self.nft.settings
         out = []
         for msg in ipr.get_addr():
@@ -419,6 +493,9 @@ class IpvsBackend:
             address = str(ipaddress.ip_address(msg.get("local") or msg.get("address")))
             ip = ipaddress.ip_address(address)
             if msg["index"] == dummy_index or ip.is_loopback or ip.is_link_local:
+                continue
+            if every:
+                out.append(address)
                 continue
             if nft.node_port_primary and address not in self.nft.renderer.node_addresses:
                 continue
@@ -439,18 +516,72 @@ class IpvsBackend:
                 if links
                 else set()
             )
-            self._node_addresses = self._local_addresses(ipr, links[0] if links else -1)
+            self._node_addresses = self._local_addresses(ipr, links[0] if links else -1, every=True)
             if links:
                 ipr.link("del", index=links[0])
         count = 0
         with IPVS() as ipvs:
             for vs, (target, _) in _dump(ipvs).items():
-                if self._owns(vs, dummy_addresses):
+                made = vs in self._programmed and not self._excluded(vs.address)
+                if self._owns(vs, dummy_addresses) or made:
                     _call(ipvs.service, "del", service=_service(vs, target))
                     count += 1
         self._programmed.clear()
         self._terminating.clear()
         return count
+
+
+class _ConfigMsg(genlmsg):
+    """IPVS_CMD_SET/GET_CONFIG with the timeouts as u32 (pyroute2's ipvsmsg has them as
+    raw bytes and no call that sends them)."""
+
+    prefix = "IPVS_CMD_ATTR_"
+    nla_map = (
+        ("IPVS_CMD_ATTR_UNSPEC", "none"),
+        ("IPVS_CMD_ATTR_SERVICE", "none"),
+        ("IPVS_CMD_ATTR_DEST", "none"),
+        ("IPVS_CMD_ATTR_DAEMON", "none"),
+        ("IPVS_CMD_ATTR_TIMEOUT_TCP", "uint32"),
+        ("IPVS_CMD_ATTR_TIMEOUT_TCP_FIN", "uint32"),
+        ("IPVS_CMD_ATTR_TIMEOUT_UDP", "uint32"),
+    )
+
+
+TIMEOUT_ATTRS = (
+    "IPVS_CMD_ATTR_TIMEOUT_TCP",
+    "IPVS_CMD_ATTR_TIMEOUT_TCP_FIN",
+    "IPVS_CMD_ATTR_TIMEOUT_UDP",
+)
+
+
+def _config_msg(cmd: int, attrs: list[tuple[str, int]]) -> _ConfigMsg:
+    msg = _ConfigMsg()
+    msg["cmd"] = cmd
+    msg["version"] = genl_ipvs.GENL_VERSION
+    msg["attrs"] = attrs
+    return msg
+
+
+def timeouts(ipvs: Any) -> tuple[int, int, int]:
+    """IPVS's tcp, tcpfin and udp timeouts in seconds (`ipvsadm -L --timeout`)."""
+    request = _config_msg(genl_ipvs.IPVS_CMD_GET_CONFIG, [])
+    (reply,) = ipvs.nlm_request(request, msg_type=ipvs.prid, msg_flags=NLM_F_REQUEST)
+    raw = dict(reply.get("attrs"))  # decoded as ipvsmsg: "84:03:00:00", host byte order
+    values = [bytes.fromhex(str(raw[name]).replace(":", "")) for name in TIMEOUT_ATTRS]
+    t = tuple(int.from_bytes(v, sys.byteorder) for v in values)
+    return t[0], t[1], t[2]
+
+
+def _set_timeouts(ipvs: Any, wanted: tuple[int, int, int]) -> None:
+    """Set the non-zero timeouts that differ (0 keeps the kernel's value, as kube-proxy)."""
+    current = timeouts(ipvs)
+    if all(w in (0, c) for w, c in zip(wanted, current, strict=True)):
+        return
+    attrs = [(name, w) for name, w in zip(TIMEOUT_ATTRS, wanted, strict=True) if w]
+    request = _config_msg(genl_ipvs.IPVS_CMD_SET_CONFIG, attrs)
+    flags = NLM_F_REQUEST | NLM_F_ACK
+    tuple(ipvs.nlm_request(request, msg_type=ipvs.prid, msg_flags=flags))
+    log.info("IPVS timeouts (tcp, tcpfin, udp) set to %s (were %s)", wanted, current)
 
 
 def _unicast(address: str) -> bool:

@@ -234,6 +234,8 @@ def parse_service(obj: dict[str, Any]) -> Service:
     healthCheckNodePort is kept only for a LoadBalancer with that policy; load-balancer
     ingress entries without an IP, or with ipMode "Proxy", give no VIP; the affinity timeout
     is read only with sessionAffinity ClientIP; ExternalName services have no cluster IPs.
+    An address is one frontend: ExternalIPs and load-balancer IPs repeated, or equal to a
+    ClusterIP, are dropped (a kernel map holds one entry per address and port).
     The IPVS scheduler comes from an annotation (see `_ipvs_scheduler`).
     """
     s, meta, namespace, name = _metadata(obj, "Service", namespaced=True)
@@ -248,6 +250,13 @@ def parse_service(obj: dict[str, Any]) -> Service:
         headless = headless or none
     ports = _service_ports(s, spec.get("ports"))
     external_ips = _ips(s, spec.get("externalIPs"), "spec.externalIPs")
+    # One frontend per address: a ClusterIP stays a ClusterIP, an address that is both an
+    # ExternalIP and a load-balancer IP stays the latter (its source ranges apply).
+    lb_ips = tuple(
+        dict.fromkeys(a for a in _lb_ingress_ips(s, obj.get("status")) if a not in cluster_ips)
+    )
+    taken = set(cluster_ips) | (set(lb_ips) if svc_type == "LoadBalancer" else set())
+    external_ips = tuple(dict.fromkeys(a for a in external_ips if a not in taken))
 
     external_policy = _enum(
         s,
@@ -285,7 +294,7 @@ def parse_service(obj: dict[str, Any]) -> Service:
         cluster_ips=cluster_ips,
         ports=ports,
         external_ips=external_ips,
-        lb_ingress_ips=_lb_ingress_ips(s, obj.get("status")),
+        lb_ingress_ips=lb_ips,
         lb_source_ranges=_lb_source_ranges(s, spec, meta),
         external_traffic_policy=external_policy,
         internal_traffic_policy=internal_policy,

@@ -151,6 +151,20 @@ def test_node_port_external_ip_and_load_balancer_reach_pods(proxy: Harness, v6: 
         assert {r.reply.peer for r in results if r.reply} == {gateway}
 
 
+def test_an_address_given_twice_is_one_frontend(proxy: Harness) -> None:
+    """An ExternalIP equal to the ClusterIP, or repeated, or also a load-balancer IP, is one
+    frontend: the sync goes through (a kernel map refuses a key twice) and all of them serve."""
+    web(
+        proxy,
+        type="LoadBalancer",
+        externalIPs=[VIP4, EXT4, EXT4, LB4],
+        status={"loadBalancer": {"ingress": [{"ip": LB4}, {"ip": LB4}, {"ip": VIP4}]}},
+    )
+    for address in (VIP4, EXT4, LB4):
+        seen = names(many(proxy.tb.client, address, 80, n=30))
+        assert set(seen) == {"pod1", "pod2", "pod3"}, (address, seen)
+
+
 def test_node_port_does_not_answer_on_other_ports_or_loopback(proxy: Harness) -> None:
     web(proxy, type="NodePort", node_port=30080)
     tb = proxy.tb

@@ -434,6 +434,21 @@ def test_ipv4_mapped_ipv6_is_the_ipv4_address() -> None:
     assert parse_service(service(externalIPs=["::ffff:192.0.2.1"])).external_ips == ("192.0.2.1",)
 
 
+def test_an_address_is_one_frontend() -> None:
+    """Repeated ExternalIPs, and ones equal to the ClusterIP, are dropped; an address that is
+    both an ExternalIP and a load-balancer IP of a LoadBalancer stays the latter."""
+    svc = parse_service(service(externalIPs=["10.96.0.10", "192.0.2.1", "192.0.2.1", "::1"]))
+    assert svc.external_ips == ("192.0.2.1", "::1")
+    lb = service(type="LoadBalancer", externalIPs=["192.0.2.1", "192.0.2.2"])
+    ingress = [{"ip": "192.0.2.1"}, {"ip": "10.96.0.10"}, {"ip": "192.0.2.1"}]
+    lb["status"] = {"loadBalancer": {"ingress": ingress}}
+    parsed = parse_service(lb)
+    assert (parsed.external_ips, parsed.lb_ingress_ips) == (("192.0.2.2",), ("192.0.2.1",))
+    # Not a LoadBalancer: its ingress IPs give no frontend, its ExternalIPs stay.
+    lb["spec"]["type"] = "NodePort"
+    assert parse_service(lb).external_ips == ("192.0.2.1", "192.0.2.2")
+
+
 def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
     """A mutation setting a dotted path ("spec.ports.1.port") of an object."""
 

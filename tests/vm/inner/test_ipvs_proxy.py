@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lace_proxy.dataplane.ipvs import IpvsSettings, VirtualServer, render
+from lace_proxy.dataplane.ipvs import IpvsSettings, VirtualServer, Wanted
 from lace_proxy.sandbox.testbed import (
     CLIENT4,
     UPLINK_NODE4,
@@ -86,11 +86,12 @@ def test_every_frontend_kind_is_balanced_by_ipvs(proxy: Harness, tb: Testbed) ->
     # ipvsadm, a client no one here wrote, shows what the table says.
     shown = ipvsadm(tb)
     expected = {}
+    wanted = Wanted([UPLINK_NODE4, UPLINK_NODE6], "rr")
     for plan in proxy.table.plans():
-        addresses = [UPLINK_NODE4] if plan.family == 4 else [UPLINK_NODE6]
-        for vs, target in render(plan, addresses, "rr").items():
-            servers = {(f"[{ip}]:{p}" if ":" in ip else f"{ip}:{p}", 1) for ip, p in target.servers}
-            expected[_show(vs)] = (target.scheduler, servers)
+        wanted.add(plan)
+    for vs, target in wanted.desired().items():
+        servers = {(f"[{ip}]:{p}" if ":" in ip else f"{ip}:{p}", 1) for ip, p in target.servers}
+        expected[_show(vs)] = (target.scheduler, servers)
     assert {k: v for k, v in shown.items() if k in expected} == expected
     # NodePorts are answered on the node's address, masqueraded (policy Cluster).
     reply = request_tcp(tb.client, UPLINK_NODE4, 30080)
@@ -254,3 +255,101 @@ def test_a_service_deleted_while_a_server_drains_and_node_ports_out_of_range(
     proxy.sync(full=True)  # a NodePort outside 30000-32767 is still ours
     proxy.sync(full=True)
     assert request_tcp(tb.client, UPLINK_NODE4, 20080).reply.name == "pod1"  # type: ignore[union-attr]
+    proxy.close()  # and made by this process: its cleanup removes it
+    assert not [key for key in ipvsadm(tb) if key.endswith(":20080")]
+
+
+def test_an_external_ip_on_a_node_address_wins_over_a_node_port_and_hands_it_back(
+    proxy: Harness, tb: Testbed
+) -> None:
+    """`web`'s NodePort 30080 and `other`'s ExternalIP = the node's address, port 30080: one
+    virtual service. The ExternalIP holds it (as in nftables mode); when `other` goes, an
+    incremental sync gives it back to the NodePort rather than deleting it."""
+    key = f"TCP {UPLINK_NODE4}:30080"
+    proxy.write("web", *web(tb))
+    other = service("other", ["10.96.0.15"], port=30080, externalIPs=[UPLINK_NODE4])
+    proxy.write("other", other, endpoints("other", tb.pods[:1]))
+    proxy.sync()
+    assert ipvsadm(tb)[key][1] == {("10.251.0.11:8080", 1)}
+    assert set(names(many(tb.client, UPLINK_NODE4, 30080, n=6))) == {"pod1"}
+    proxy.remove("other")
+    proxy.sync()
+    assert ipvsadm(tb)[key][1] == {(f"10.251.0.{n}:8080", 1) for n in (11, 12, 13)}
+    assert set(names(many(tb.client, UPLINK_NODE4, 30080, n=12))) == {"pod1", "pod2", "pod3"}
+
+
+def test_node_ports_follow_node_addresses_at_each_full_sync(proxy: Harness, tb: Testbed) -> None:
+    """A NodePort virtual service on an address the node gains, and none left behind on one it
+    loses (ours because this process made it, though no longer a node address)."""
+    extra = "10.250.0.77"
+    key = f"TCP {extra}:30080"
+    proxy.write("web", *web(tb))
+    proxy.sync()
+    assert key not in ipvsadm(tb)
+    tb.exec(tb.node, ["ip", "addr", "add", f"{extra}/32", "dev", "lo"])
+    try:
+        proxy.sync(full=True)
+        assert key in ipvsadm(tb)
+    finally:
+        tb.exec(tb.node, ["ip", "addr", "del", f"{extra}/32", "dev", "lo"])
+    proxy.sync(full=True)
+    assert key not in ipvsadm(tb)
+
+
+def test_ipvs_timeouts_from_config_and_zero_keeps_the_kernels(tb: Testbed, tmp_path: Path) -> None:
+    def shown() -> list[int]:
+        out = tb.exec(tb.node, ["ipvsadm", "-L", "--timeout"]).stdout
+        return [
+            int(w) for w in out.split(":")[1].split()
+        ]  # "Timeout (tcp tcpfin udp): 900 120 300"
+
+    udp = shown()[2]
+    settings = IpvsSettings(tcp_timeout=901, tcp_fin_timeout=61)
+    proxy = Harness(tb, tmp_path / "manifests", mode="ipvs", ipvs=settings)
+    try:
+        proxy.write("web", *web(tb))
+        proxy.sync(full=True)
+        assert shown() == [901, 61, udp]
+    finally:
+        proxy.close()
+
+
+def test_exclude_cidrs_keep_a_stale_virtual_service(tb: Testbed, tmp_path: Path) -> None:
+    """Two stale virtual services on lace-ipvs0's addresses (ours by the ownership rule): a
+    full sync removes the one outside ipvs.excludeCIDRs and leaves the one inside."""
+    proxy = Harness(
+        tb, tmp_path / "m", mode="ipvs", ipvs=IpvsSettings(exclude_cidrs=("10.96.9.0/24",))
+    )
+    try:
+        proxy.write("web", *web(tb))
+        proxy.sync()
+        for address in ("10.96.8.1", "10.96.9.1"):
+            tb.exec(tb.node, ["ip", "addr", "add", f"{address}/32", "dev", "lace-ipvs0"])
+            tb.exec(tb.node, ["ipvsadm", "-A", "-t", f"{address}:80", "-s", "rr"])
+        proxy.sync(full=True)
+        shown = ipvsadm(tb)
+        assert "TCP 10.96.8.1:80" not in shown and "TCP 10.96.9.1:80" in shown
+    finally:
+        proxy.close()
+        tb.exec(tb.node, ["ipvsadm", "-D", "-t", "10.96.9.1:80"], check=False)
+
+
+def test_cleanup_removes_node_ports_with_primary_node_port_addresses(
+    tb: Testbed, tmp_path: Path
+) -> None:
+    """`lace-proxy cleanup` knows no Node object: with nodePortAddresses "primary" it still
+    finds the NodePort virtual services on the node's addresses."""
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": "node-a"},
+        "status": {"addresses": [{"type": "InternalIP", "address": UPLINK_NODE4}]},
+    }
+    proxy = Harness(tb, tmp_path / "m", mode="ipvs", node_port_primary=True)
+    proxy.write("web", *web(tb))
+    proxy.write("node", node)
+    proxy.sync(full=True)
+    assert f"TCP {UPLINK_NODE4}:30080" in ipvsadm(tb)
+    fresh = Harness(tb, tmp_path / "fresh", mode="ipvs", node_port_primary=True)
+    fresh.close()  # the cleanup path: no Node known
+    assert not [key for key in ipvsadm(tb) if key.endswith(":30080")]
