@@ -699,8 +699,8 @@ def print_report(data: dict[str, Any]) -> None:
                 row += f"{'-':>9}   (IPVS: {_why_not(i)})"
             w(row)
         w(
-            "  dump = reading IPVS back (one real-server dump per virtual service), diff = "
-            "converging; IPVS ops > 0 means the diff against the dump was not empty"
+            "  dump = reading IPVS back (services over netlink, real servers from /proc/net/ip_vs),"
+            " diff = converging; IPVS ops > 0 means the diff against the dump was not empty"
         )
     w("")
     w("Sanity after the cold sync: ipvsadm -Ln and the dummy's addresses vs Wanted")

@@ -26,7 +26,7 @@ import socket
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +55,9 @@ SYSCTLS = {
     "net/ipv4/ip_forward": 1,
 }
 STRICT_ARP = {"net/ipv4/conf/all/arp_ignore": 1, "net/ipv4/conf/all/arp_announce": 2}
+#: IPVS's table as text, in the reading thread's network namespace (the kernel thread enters
+#: the node's namespace with setns; /proc/net would follow the process's).
+PROC_IP_VS = "/proc/thread-self/net/ip_vs"
 T = TypeVar("T")
 
 
@@ -273,12 +276,8 @@ class IpvsBackend:
 
     def inspect(self) -> KernelView:
         """What IPVS holds in detail, the dummy's addresses and the node addresses a sync
-        would put NodePorts on, read as a sync reads them; changes nothing (not even the
-        dummy interface), so the CLI can show and diff a live node.
-
-        Persistence comes from the raw attributes (`_persistence`): pyroute2's
-        IPVSService.from_message leaves its defaults (no flags, timeout 0) in `flags` and
-        `timeout`, which is what `_dump` reads."""
+        would put NodePorts on, read as a sync reads them (`_read`); changes nothing (not
+        even the dummy interface), so the CLI can show and diff a live node."""
 
         def read() -> KernelView:
             with IPRoute() as ipr:
@@ -286,21 +285,10 @@ class IpvsBackend:
                 index = int(links[0]) if links else -1
                 dummy = _held_addresses(ipr, index) if links else set()
                 nodes = self._local_addresses(ipr, index)
-            names = {number: name for name, number in PROTOCOLS.items()}
-            services: dict[VirtualServer, Target] = {}
-            details: dict[VirtualServer, tuple[RealServer, ...]] = {}
             with IPVS() as ipvs:
-                for msg in ipvs.service("dump"):  # as _dump, fwmark services left out
-                    svc = IPVSService.from_message(msg)
-                    if svc.get("fwmark") or svc.get("protocol") not in names:
-                        continue
-                    vs = VirtualServer(names[svc["protocol"]], str(svc["addr"]), int(svc["port"]))
-                    # One dump of the real servers for both views, so they agree.
-                    servers = tuple(_real_server(d) for d in _dests(ipvs, vs))
-                    serving = frozenset((s.address, s.port) for s in servers if s.weight > 0)
-                    scheduler = str(svc.get("sched_name", ""))
-                    services[vs] = Target(scheduler, _persistence(msg), serving)
-                    details[vs] = servers
+                held = _read(ipvs)
+            services = {vs: _target(vs_held) for vs, vs_held in held.items()}
+            details = {vs: servers for vs, (_, _, servers) in held.items()}
             return KernelView(services, details, frozenset(dummy), nodes)
 
         return self._run(read)
@@ -657,23 +645,82 @@ def _connections(ipvs: Any, vs: VirtualServer) -> dict[tuple[str, int], int]:
     return {(r.address, r.port): r.active + r.inactive for r in map(_real_server, _dests(ipvs, vs))}
 
 
+def _services(ipvs: Any) -> Iterator[tuple[VirtualServer, str, int]]:
+    """Every address virtual service IPVS holds (one netlink dump), with its scheduler and
+    persistence read from the raw attributes; fwmark services are left out."""
+    names = {number: name for name, number in PROTOCOLS.items()}
+    for msg in ipvs.service("dump"):
+        attrs = dict(msg.get("IPVS_CMD_ATTR_SERVICE")["attrs"])
+        protocol = names.get(attrs.get("IPVS_SVC_ATTR_PROTOCOL", 0))
+        if attrs.get("IPVS_SVC_ATTR_FWMARK") or protocol is None:
+            continue
+        vs = VirtualServer(
+            protocol, str(attrs["IPVS_SVC_ATTR_ADDR"]), int(attrs["IPVS_SVC_ATTR_PORT"])
+        )
+        yield vs, str(attrs.get("IPVS_SVC_ATTR_SCHED_NAME", "")), _persistence(msg)
+
+
+def _real_servers(path: str = PROC_IP_VS) -> dict[VirtualServer, list[RealServer]]:
+    """Every virtual service's real servers, from one read of /proc/net/ip_vs (of the
+    calling thread's namespace): a dump per virtual service would cost a netlink round trip
+    each. Its lines: "TCP  0A600001:0050 rr ..." (IPv6: "[fd00:0000:...]:0050"), then
+    "  -> 0A010001:1F90      Masq    1      0          0" (forward, weight, conns)."""
+    out: dict[VirtualServer, list[RealServer]] = {}
+    current: list[RealServer] | None = None
+    with open(path, encoding="ascii") as f:
+        for line in f:
+            words = line.split()
+            if not words:
+                continue
+            if words[0] in PROTOCOLS and len(words) >= 2:
+                address, port = _proc_address(words[1])
+                current = out.setdefault(VirtualServer(words[0], address, port), [])
+            elif words[0] == "->" and current is not None and words[1][0] in "0123456789ABCDEF[":
+                address, port = _proc_address(words[1])
+                weight, active, inactive = (int(w) for w in words[3:6])
+                current.append(RealServer(address, port, words[2], weight, active, inactive))
+            elif words[0] == "FWM":
+                current = None  # a fwmark service's real servers: not ours to read
+    return out
+
+
+def _proc_address(text: str) -> tuple[str, int]:
+    """ "0A600001:0050" or "[fd00:0000:...:0001]:01BB" -> ("10.96.0.1", 80) / ("fd00::1", 443)."""
+    host, _, port = text.rpartition(":")
+    ip = (
+        ipaddress.ip_address(host[1:-1])
+        if host.startswith("[")
+        else ipaddress.IPv4Address(int(host, 16))
+    )
+    return str(ip), int(port, 16)
+
+
+Held = tuple[str, int, tuple[RealServer, ...]]  # scheduler, persistence, real servers
+
+
+def _read(ipvs: Any) -> dict[VirtualServer, Held]:
+    """Every address virtual service IPVS holds, with its real servers."""
+    servers = _real_servers()
+    return {
+        vs: (sched, persist, tuple(servers.get(vs, ()))) for vs, sched, persist in _services(ipvs)
+    }
+
+
+def _target(held: Held) -> Target:
+    """A held virtual service as a sync sees it: its serving real servers (weight > 0)."""
+    scheduler, persistence, servers = held
+    return Target(
+        scheduler, persistence, frozenset((r.address, r.port) for r in servers if r.weight > 0)
+    )
+
+
 def _dump(ipvs: Any) -> dict[VirtualServer, tuple[Target, frozenset[tuple[str, int]]]]:
     """What IPVS holds: each virtual service with its serving real servers, and those of
     weight 0 (draining) apart."""
-    names = {number: name for name, number in PROTOCOLS.items()}
-    held: dict[VirtualServer, tuple[Target, frozenset[tuple[str, int]]]] = {}
-    for msg in ipvs.service("dump"):
-        svc = IPVSService.from_message(msg)
-        if svc.get("fwmark") or svc.get("protocol") not in names:
-            continue
-        vs = VirtualServer(names[svc["protocol"]], str(svc["addr"]), int(svc["port"]))
-        serving, draining = set(), set()
-        for r in map(_real_server, _dests(ipvs, vs)):
-            (serving if r.weight > 0 else draining).add((r.address, r.port))
-        # pyroute2's from_message keeps its defaults in flags/timeout: read the raw ones.
-        target = Target(str(svc.get("sched_name", "")), _persistence(msg), frozenset(serving))
-        held[vs] = (target, frozenset(draining))
-    return held
+    return {
+        vs: (_target(h), frozenset((r.address, r.port) for r in h[2] if r.weight == 0))
+        for vs, h in _read(ipvs).items()
+    }
 
 
 def _dummy(ipr: Any, name: str) -> int:

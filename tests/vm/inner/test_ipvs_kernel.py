@@ -142,3 +142,47 @@ def test_dummy_interface() -> None:
         assert "dummy" in sh("ip", "-d", "link", "show", "lvs-dummy1")
     finally:
         sh("ip", "link", "del", "lvs-dummy1")
+
+
+def test_proc_reader_agrees_with_netlink_and_ipvsadm(ipvs: IPVS) -> None:
+    """The sync reads real servers from /proc/net/ip_vs in one go (lace-proxy's
+    `_real_servers`): it must say what a netlink dump per virtual service says, for IPv4
+    and IPv6, serving and draining servers, with a fwmark service (not ours) in between."""
+    from lace_proxy.dataplane.ipvs import VirtualServer, _dests, _read, _real_server
+
+    sh("ip", "addr", "add", "fd99::1/64", "dev", "lvs-rs0", "nodad")
+    try:
+        add_service(ipvs, 80, "rr")
+        sh(
+            "ipvsadm",
+            "-e",
+            "-t",
+            f"{VIP}:80",
+            "-r",
+            f"{REAL_SERVERS[1]}:{RS_PORT}",
+            "-m",
+            "-w",
+            "0",
+        )
+        sh("ipvsadm", "-A", "-u", f"{VIP}:53", "-s", "mh", "-p", "600")
+        sh("ipvsadm", "-a", "-u", f"{VIP}:53", "-r", f"{REAL_SERVERS[0]}:53", "-m")
+        sh("ipvsadm", "-A", "-f", "7", "-s", "rr")
+        sh("ipvsadm", "-a", "-f", "7", "-r", f"{REAL_SERVERS[0]}:0", "-m")
+        sh("ipvsadm", "-A", "-t", "[fd98::1]:443", "-s", "wrr")
+        sh("ipvsadm", "-a", "-t", "[fd98::1]:443", "-r", "[fd99::2]:8443", "-m", "-w", "3")
+        held = _read(ipvs)
+        assert set(held) == {
+            VirtualServer("TCP", VIP, 80),
+            VirtualServer("UDP", VIP, 53),
+            VirtualServer("TCP", "fd98::1", 443),
+        }
+        for vs, (_, _, servers) in held.items():
+            by_netlink = sorted(map(_real_server, _dests(ipvs, vs)))
+            assert sorted(servers) == by_netlink, vs
+        assert held[VirtualServer("UDP", VIP, 53)][:2] == ("mh", 600)
+        weights = {(r.address, r.weight) for r in held[VirtualServer("TCP", VIP, 80)][2]}
+        assert weights == {(REAL_SERVERS[0], 1), (REAL_SERVERS[1], 0)}
+        (v6,) = held[VirtualServer("TCP", "fd98::1", 443)][2]
+        assert (v6.address, v6.port, v6.forward, v6.weight) == ("fd99::2", 8443, "Masq", 3)
+    finally:
+        sh("ip", "addr", "del", "fd99::1/64", "dev", "lvs-rs0")
