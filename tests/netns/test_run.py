@@ -15,6 +15,7 @@ import pytest
 from lace_proxy.sandbox.demo import http_get, run_demo
 from lace_proxy.sandbox.testbed import POD_CIDR4, Result, Testbed, request_tcp
 
+from ..conftest import MODES
 from .proxykit import NODE, endpoints, names, service
 from .test_nftables_proxy import VIP4
 
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.netns
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "sandbox"
 
 
-def wait_for(check: Callable[[], bool], timeout: float = 15.0) -> None:
+def wait_for(check: Callable[[], bool], timeout: float = 45.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
@@ -35,8 +36,11 @@ def lace_proxy(tb: Testbed, *args: str) -> list[str]:
     return ["ip", "netns", "exec", tb.node.ns.name, sys.executable, "-m", "lace_proxy", *args]
 
 
-@pytest.fixture
-def running(make_testbed: Callable[..., Testbed], tmp_path: Path) -> Iterator[tuple[Testbed, Path]]:
+@pytest.fixture(params=MODES)
+def running(
+    request: pytest.FixtureRequest, make_testbed: Callable[..., Testbed], tmp_path: Path
+) -> Iterator[tuple[Testbed, Path, str]]:
+    """`lace-proxy run` in each mode (IPVS inside the VM: tests/vm): testbed, folder, mode."""
     tb = make_testbed(pods=3)
     folder = tmp_path / "manifests"
     folder.mkdir()
@@ -54,14 +58,16 @@ def running(make_testbed: Callable[..., Testbed], tmp_path: Path) -> Iterator[tu
         "100ms",
         "--poll-interval",
         "0.1",
+        "--proxy-mode",
+        request.param,
     )
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
     try:
-        yield tb, folder
+        yield tb, folder, request.param
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=20)
+        _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
         assert "Traceback" not in err, err
 
@@ -80,9 +86,9 @@ def answers(tb: Testbed, n: int = 30) -> set[str]:
 
 
 def test_run_follows_the_folder_and_leaves_the_kernel_on_stop(
-    running: tuple[Testbed, Path],
+    running: tuple[Testbed, Path, str],
 ) -> None:
-    tb, folder = running
+    tb, folder, _ = running
     write(folder, service("web", [VIP4]), endpoints("web", tb.pods))
     wait_for(lambda: answers(tb) == {"pod1", "pod2", "pod3"})
     write(folder, service("web", [VIP4]), endpoints("web", tb.pods[:1]))
@@ -93,8 +99,8 @@ def test_run_follows_the_folder_and_leaves_the_kernel_on_stop(
     wait_for(lambda: answers(tb) == {"pod2"})
 
 
-def test_stop_keeps_rules_and_cleanup_removes_them(running: tuple[Testbed, Path]) -> None:
-    tb, folder = running
+def test_stop_keeps_rules_and_cleanup_removes_them(running: tuple[Testbed, Path, str]) -> None:
+    tb, folder, _ = running
     write(folder, service("web", [VIP4]), endpoints("web", tb.pods))
     wait_for(lambda: answers(tb) == {"pod1", "pod2", "pod3"})
     pkill = subprocess.run(
@@ -111,8 +117,8 @@ def test_stop_keeps_rules_and_cleanup_removes_them(running: tuple[Testbed, Path]
     assert "not present" in again.stdout
 
 
-def test_run_serves_health_and_metrics(running: tuple[Testbed, Path]) -> None:
-    tb, folder = running
+def test_run_serves_health_and_metrics(running: tuple[Testbed, Path, str]) -> None:
+    tb, folder, mode = running
     write(folder, service("web", [VIP4]), endpoints("web", tb.pods))
     wait_for(lambda: answers(tb) == {"pod1", "pod2", "pod3"})
     # /healthz on 0.0.0.0:10256, reachable from the client over the node's address.
@@ -123,7 +129,7 @@ def test_run_serves_health_and_metrics(running: tuple[Testbed, Path]) -> None:
     metrics = http_get(tb.node, "127.0.0.1", 10249, path="/metrics")
     assert "kubeproxy_sync_proxy_rules_last_timestamp_seconds" in metrics
     assert "lace_proxy_table_services" in metrics
-    assert http_get(tb.node, "127.0.0.1", 10249, path="/proxyMode") == "nftables"
+    assert http_get(tb.node, "127.0.0.1", 10249, path="/proxyMode") == mode
     assert http_get(tb.client, tb.node.ipv4, 10249, path="/metrics").startswith("error")
 
 
