@@ -17,12 +17,14 @@ from concurrent.futures import BrokenExecutor
 from pathlib import Path
 from typing import Any
 
+from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netns import NETNS_RUN_DIR
 
 from lace_proxy import __version__, implementation
 from lace_proxy.config import ConfigError, ProxyConfig, add_config_flags, config_from_args
 from lace_proxy.dataplane.conntrack import Conntrack
+from lace_proxy.dataplane.egress import EgressSettings, EgressSnat
 from lace_proxy.dataplane.ipvs import (
     IpvsBackend,
     IpvsSettings,
@@ -36,6 +38,9 @@ from lace_proxy.dataplane.ipvs import (
 from lace_proxy.dataplane.nft import Nft, NftError, netns_prefix
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
 from lace_proxy.dataplane.routes import PolicyRoutes, RoutingSettings
+from lace_proxy.doctor import EgressSettingsView, diagnose_egress
+from lace_proxy.egress.controller import EgressController
+from lace_proxy.egress.routing import read_snapshot
 from lace_proxy.explain import (
     Explanation,
     KernelCheck,
@@ -49,6 +54,7 @@ from lace_proxy.explain import (
 from lace_proxy.health import ProxierHealth, ProxyServers, ServiceHealthServers
 from lace_proxy.metrics import ProxyMetrics
 from lace_proxy.model import EndpointSlice, LaceObject, Node, Rejections, Service
+from lace_proxy.model.load import load_manifests
 from lace_proxy.networks import NetworkView
 from lace_proxy.proxier import Proxier
 from lace_proxy.sources.files import SOURCE_NAME as FILES
@@ -101,6 +107,27 @@ def ipvs_settings(cfg: ProxyConfig) -> IpvsSettings:
         tcp_fin_timeout=round(c.tcp_fin_timeout),
         udp_timeout=round(c.udp_timeout),
     )
+
+
+def egress_settings(cfg: ProxyConfig) -> EgressSettings:
+    """The egress SNAT's view of the configuration (lace.egress; pods: clusterCIDR)."""
+    return EgressSettings(
+        table=cfg.lace.egress.table,
+        pod_cidrs=tuple(str(n) for n in cfg.cluster_cidr),
+        non_masquerade_cidrs=tuple(str(n) for n in cfg.lace.egress.non_masquerade_cidrs),
+    )
+
+
+def egress_controller(cfg: ProxyConfig, metrics: ProxyMetrics) -> EgressController | None:
+    """The controller following routes into the egress table, or None (off, or no pods)."""
+    if not cfg.lace.egress.enabled:
+        log.info("egress SNAT: off (lace.egress.enabled false)")
+        return None
+    if not cfg.cluster_cidr:
+        log.warning("egress SNAT: off, no clusterCIDR to tell pod traffic by")
+        return None
+    snat = EgressSnat(egress_settings(cfg), Nft())
+    return EgressController(snat, metrics=metrics, resync=cfg.sync_period)
 
 
 def routing_settings(cfg: ProxyConfig) -> RoutingSettings:
@@ -183,15 +210,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         where,
     )
 
+    egress = egress_controller(cfg, metrics)
+
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await servers.start()
+        if egress is not None:
+            await loop.run_in_executor(None, egress.start)
         try:
             await asyncio.gather(source.run(stop), proxier.run(stop))
         finally:
+            if egress is not None:
+                egress.stop()
             await service_health.stop()
             await servers.stop()
 
@@ -705,17 +738,24 @@ def kernel_document(
     }
 
 
+def _netns_problem(netns: str | None) -> str | None:
+    """Why --netns is unusable (a bad name, or no such namespace: never create one), or None."""
+    try:
+        netns_prefix(netns)  # validates the name
+    except ValueError as exc:
+        return str(exc)
+    if netns is not None and not Path(NETNS_RUN_DIR, netns).exists():
+        return f"no network namespace {netns} (see `ip netns list`)"
+    return None
+
+
 def cmd_kernel(args: argparse.Namespace) -> int:
     def bad(message: object) -> int:
         print(f"lace-proxy: kernel: {message}", file=sys.stderr)
         return 2
 
-    try:
-        netns_prefix(args.netns)  # validates the name
-    except ValueError as exc:
-        return bad(exc)
-    if args.netns is not None and not Path(NETNS_RUN_DIR, args.netns).exists():
-        return bad(f"no network namespace {args.netns} (see `ip netns list`)")
+    if (problem := _netns_problem(args.netns)) is not None:
+        return bad(problem)
     cfg = config_from_args(args)  # a ConfigError is exit code 2 (main)
     if cfg.mode != "ipvs":
         return bad(
@@ -745,6 +785,53 @@ def cmd_kernel(args: argparse.Namespace) -> int:
     return 0 if doc["inSync"] else 1
 
 
+def cmd_doctor_egress(args: argparse.Namespace) -> int:
+    def bad(message: object) -> int:
+        print(f"lace-proxy: doctor egress: {message}", file=sys.stderr)
+        return 2
+
+    try:
+        pod, to = (str(ipaddress.ip_address(a)) for a in (args.pod, args.to))
+    except ValueError as exc:
+        return bad(exc)
+    if (problem := _netns_problem(args.netns)) is not None:
+        return bad(problem)
+    try:
+        cfg = config_from_args(args)
+    except ConfigError as exc:
+        return bad(exc)
+    nodes: dict[str, list[str]] = {}
+    if cfg.lace.manifests:
+        try:
+            loaded = load_manifests(cfg.lace.manifests)
+        except FileNotFoundError:
+            return bad(f"manifests: no such file or folder: {cfg.lace.manifests}")
+        nodes = {
+            name: [a for _, a in node.addresses]
+            for name, node in loaded.nodes.items()
+            if name != cfg.hostname_override
+        }
+    e = cfg.lace.egress
+    view = EgressSettingsView(
+        enabled=e.enabled,
+        pod_cidrs=tuple(str(n) for n in cfg.cluster_cidr),
+        non_masquerade_cidrs=tuple(str(n) for n in e.non_masquerade_cidrs),
+        routable_prefixes=tuple(str(n) for n in e.routable_prefixes),
+    )
+    try:
+        with IPRoute(**({"netns": args.netns} if args.netns else {})) as ipr:
+            snapshot = read_snapshot(ipr)
+    except (OSError, NetlinkError) as exc:
+        return bad(f"cannot read the routing table: {exc}")
+    report = diagnose_egress(snapshot, view, pod, to, nodes)
+    if args.output == "json":
+        json.dump(report.to_dict(), sys.stdout, indent=2)
+        print()
+    else:
+        print(report.to_text())
+    return report.exit_code
+
+
 def cmd_cleanup(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     settings = nftables_settings(cfg)
@@ -759,6 +846,9 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
         print(f"IPVS virtual services and interface {ipvs.settings.interface}: {count} removed")
     except Exception as exc:  # no ip_vs module: nothing of ours can be there
         print(f"IPVS: not available here ({exc})")
+    egress = EgressSnat(egress_settings(cfg), Nft())
+    removed = egress.cleanup()
+    print(f"nftables table inet {egress.settings.table}: {'removed' if removed else 'not present'}")
     routing = routing_settings(cfg)
     count = PolicyRoutes(routing).cleanup()
     print(
@@ -945,6 +1035,53 @@ exit codes:
         help="read the IPVS of this named network namespace, e.g. a sandbox node",
     )
     kernel.set_defaults(func=cmd_kernel)
+
+    doctor = sub.add_parser(
+        "doctor",
+        help="find what breaks a pod's egress (doctor egress)",
+        description="Diagnose this node: `doctor egress` for one pod's traffic out of the cluster.",
+    )
+    checks = doctor.add_subparsers(dest="check", metavar="CHECK", required=True)
+    egress = checks.add_parser(
+        "egress",
+        help="the route, the source the far end sees, and why the return path may fail",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="""\
+For a new connection from a pod of this node to DEST, read this node's routing table (or
+--netns's) as the egress SNAT does and tell:
+
+  route        the route the node selects (main table, longest prefix, lowest metric)
+  source       the address DEST will see: the route's preferred source when lace-proxy
+               source-NATs it (a clusterCIDR pod, a destination outside clusterCIDR and
+               lace.egress.nonMasqueradeCIDRs), else the pod's own
+  findings     no_route; source_not_routable (outside lace.egress.routablePrefixes);
+               next_hop_is_a_node (another cluster node forwards without re-sourcing;
+               nodes from the Node objects in --manifests); mtu_mismatch (the pod's
+               interface MTU above the path's); notes: not_a_pod_address,
+               pod_not_on_this_node. Each says what to do.""",
+        epilog="""examples:
+  lace-proxy doctor egress --pod 10.251.1.11 --to 198.18.0.10 --config proxy.yaml
+  lace-proxy doctor egress --pod 10.251.1.11 --to 203.0.113.10 --manifests DIR -o json
+
+exit codes:
+  0  the return path can work
+  1  a problem was found (see findings)
+  2  bad input (addresses, options, configuration)""",
+    )
+    egress.add_argument(
+        "--pod", required=True, metavar="IP", help="the pod's address, e.g. 10.251.1.11"
+    )
+    egress.add_argument(
+        "--to", required=True, metavar="DEST", help="the destination address, e.g. 198.18.0.10"
+    )
+    add_config_flags(egress)
+    egress.add_argument(
+        "-o", "--output", choices=("text", "json"), default="text", help="text (default) or json"
+    )
+    egress.add_argument(
+        "--netns", metavar="NAME", help="read this named network namespace's routes"
+    )
+    egress.set_defaults(func=cmd_doctor_egress)
 
     cleanup = sub.add_parser(
         "cleanup",

@@ -242,6 +242,20 @@ class LaceRoutingConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LaceEgressConfig:
+    """lace.egress: pod traffic leaving the cluster is source-NATed to the preferred source of
+    the node's route to it (DESIGN.md §4). Pods are the clusterCIDR sources; destinations in
+    clusterCIDR or nonMasqueradeCIDRs are left alone. Turn it off where the CNI does it.
+    `routablePrefixes` are the source addresses the far ends can route back to (only
+    `lace-proxy doctor egress` reads them)."""
+
+    enabled: bool = True
+    table: str = "lace-proxy-egress"
+    non_masquerade_cidrs: tuple[IPNetwork, ...] = ()
+    routable_prefixes: tuple[IPNetwork, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class LaceConfig:
     """lace: lace-proxy's own settings, which kube-proxy has no field for."""
 
@@ -249,6 +263,7 @@ class LaceConfig:
     nftables: LaceNFTablesConfig = field(default_factory=LaceNFTablesConfig)
     service_cidrs: tuple[IPNetwork, ...] = ()
     routing: LaceRoutingConfig = field(default_factory=LaceRoutingConfig)
+    egress: LaceEgressConfig = field(default_factory=LaceEgressConfig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -554,6 +569,12 @@ _SCHEMA: _Schema = {
             "table": _Field(_routing_table),
             "priority": _Field(_integer(1, 32765)),
         },
+        "egress": {
+            "enabled": _Field(_boolean),
+            "table": _Field(_table_name),
+            "nonMasqueradeCIDRs": _CIDRS_FIELD,
+            "routablePrefixes": _CIDRS_FIELD,
+        },
     },
 }
 
@@ -725,6 +746,7 @@ def load_config(path: str | None, overrides: Mapping[str, object] | None = None)
         "lace": LaceConfig(
             nftables=_section(LaceNFTablesConfig, lace.pop("nftables", {})),
             routing=_section(LaceRoutingConfig, lace.pop("routing", {})),
+            egress=_section(LaceEgressConfig, lace.pop("egress", {})),
             **{_snake(key): value for key, value in lace.items()},
         ),
         **{_snake(key): value for key, value in merged.items()},

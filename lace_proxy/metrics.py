@@ -218,6 +218,20 @@ class ProxyMetrics:
         )
         for code in CONDITION_CODES:
             self._conditions.labels(code)
+        self._egress_syncs = Counter(
+            "lace_proxy_egress_syncs",
+            "Programmings of the egress SNAT table after a route change or resync, by result"
+            " (error: the kernel refused it; retried with backoff)",
+            ["result"],
+            registry=r,
+        )
+        self._egress_ranges = Gauge(
+            "lace_proxy_egress_ranges",
+            "Destination ranges of the egress SNAT map (one per route with a preferred source)",
+            registry=r,
+        )
+        for result in ("ok", "error"):
+            self._egress_syncs.labels(result)
         Gauge(
             "lace_proxy_build_info",
             "lace-proxy's version and service table build (compiled or pure); always 1",
@@ -329,6 +343,12 @@ class ProxyMetrics:
             self._relists.labels(resource).inc()
         else:
             raise ValueError(f"unknown source event {event!r}")
+
+    def record_egress_sync(self, ok: bool, ranges: int) -> None:
+        """The egress table was programmed (ok) with `ranges` ranges, or refused."""
+        self._egress_syncs.labels("ok" if ok else "error").inc()
+        if ok:
+            self._egress_ranges.set(ranges)
 
     def record_healthz(self, code: int) -> None:
         self._healthz.labels(str(code)).inc()

@@ -112,7 +112,7 @@ SOCK_EXTENDED_ERR = struct.Struct("=IBBBBII")  # errno, origin, type, code, pad,
 # "lp<pid hex>.<testbed no hex><role>". Testbed's roles: N(ode), C(lient), G(w), P<i> (pods).
 # ClusterTestbed's: F(abric), Xf and Xn (the far and near clients), Na and Nb (nodes), and
 # Pa1 Pa2 Pab Pb1 Pbb (pods: the node's letter, then the pod's number or b for blue).
-_NAME_PATTERN = re.compile(r"lp([0-9a-f]+)\.[0-9a-f]+(?:N|C|G|P[0-9]+|F|X[fn]|N[ab]|P[ab][12b])")
+_NAME_PATTERN = re.compile(r"lp([0-9a-f]+)\.[0-9a-f]+(?:N|C|G|P[0-9]+|F|E|X[fn]|N[ab]|P[ab][12b])")
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _testbeds = itertools.count()
 T = TypeVar("T")

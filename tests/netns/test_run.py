@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from lace_proxy.sandbox.demo import http_get, run_demo
-from lace_proxy.sandbox.testbed import POD_CIDR4, Result, Testbed, request_tcp
+from lace_proxy.sandbox.testbed import (
+    CLIENT4,
+    POD_CIDR4,
+    UPLINK_NODE4,
+    Result,
+    Testbed,
+    request_tcp,
+)
 
 from ..conftest import MODES
 from .proxykit import NODE, endpoints, names, service
@@ -130,6 +137,11 @@ def test_run_serves_health_and_metrics(running: tuple[Testbed, Path, str]) -> No
     assert "kubeproxy_sync_proxy_rules_last_timestamp_seconds" in metrics
     assert "lace_proxy_table_services" in metrics
     assert http_get(tb.node, "127.0.0.1", 10249, path="/proxyMode") == mode
+    # Egress SNAT is on (clusterCIDR given): a pod reaches the client, which knows no pod
+    # addresses, as the node's address on that link (the route's preferred source).
+    reply = request_tcp(tb.pods[0], CLIENT4, 8080)
+    assert reply.reply is not None and reply.reply.peer == UPLINK_NODE4, reply
+    assert 'lace_proxy_egress_syncs_total{result="ok"} 1.0' in metrics
     assert http_get(tb.client, tb.node.ipv4, 10249, path="/metrics").startswith("error")
 
 

@@ -1,0 +1,147 @@
+"""Keeps the egress SNAT table in step with the node's routing table.
+
+A thread of its own (pyroute2's sockets do not run on the uvloop loop) listens to rtnetlink's
+route, address and link events; after each burst (`debounce`) it reads the routing table
+again, works out the source ranges (`RoutingSnapshot.source_ranges`) and, when they differ
+from what is programmed, rewrites the egress table. Every `resync` seconds it rewrites the
+table anyway (someone may have deleted it). A refused transaction is logged and counted and
+retried with backoff; what was programmed keeps working meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import threading
+import time
+from typing import Any
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.rtnl import (
+    RTMGRP_IPV4_IFADDR,
+    RTMGRP_IPV4_ROUTE,
+    RTMGRP_IPV6_IFADDR,
+    RTMGRP_IPV6_ROUTE,
+    RTMGRP_LINK,
+)
+
+from lace_proxy.dataplane.egress import EgressSnat, Ranges
+from lace_proxy.dataplane.nft import NftError
+from lace_proxy.egress.routing import RoutingSnapshot, read_snapshot
+
+log = logging.getLogger(__name__)
+
+GROUPS = RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_ROUTE | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR
+GROUPS |= RTMGRP_LINK
+MAX_BACKOFF = 30.0
+
+
+class EgressController:
+    """Follows route changes into the egress table (see the module docstring)."""
+
+    def __init__(
+        self,
+        snat: EgressSnat,
+        *,
+        netns: str | None = None,
+        metrics: Any = None,
+        resync: float = 30.0,
+        debounce: float = 0.1,
+    ) -> None:
+        self.snat = snat
+        self.netns = netns
+        self.metrics = metrics
+        self.resync = resync
+        self.debounce = debounce
+        self.programmed: Ranges | None = None  # what the table holds (None: not yet)
+        self.snapshot = RoutingSnapshot()
+        self.syncs = 0  # programmings so far (tests wait on it)
+        self.errors = 0
+        self._thread: threading.Thread | None = None
+        self._stop_r, self._stop_w = os.pipe()
+        self._ready = threading.Event()
+
+    def start(self) -> None:
+        """Start following; returns once the first programming was attempted."""
+        self._thread = threading.Thread(target=self._run, name="lace-egress", daemon=True)
+        self._thread.start()
+        self._ready.wait(10)
+
+    def stop(self) -> None:
+        """Stop following (the table stays: connections keep their sources)."""
+        if self._thread is not None:
+            os.write(self._stop_w, b"x")
+            self._thread.join(10)
+            self._thread = None
+        for fd in (self._stop_r, self._stop_w):
+            os.close(fd)
+
+    def sync(self, *, force: bool = False) -> bool:
+        """Read the routes and program the table if its ranges changed (or `force`); on the
+        caller's thread, in the caller's namespace. True when the table is as wanted."""
+        with IPRoute() as ipr:
+            self.snapshot = read_snapshot(ipr)
+        ranges = {fam: self.snapshot.source_ranges(fam) for fam in (4, 6)}
+        if ranges == self.programmed and not force:
+            return True
+        try:
+            self.snat.apply(ranges)
+        except NftError as exc:
+            self.errors += 1
+            log.error("egress SNAT table refused (kept as it was; retrying): %s", exc)
+            if self.metrics is not None:
+                self.metrics.record_egress_sync(False, 0)
+            return False
+        if ranges != self.programmed:
+            log.info("egress SNAT: %s", _describe(ranges))
+        self.programmed = ranges
+        self.syncs += 1
+        if self.metrics is not None:
+            self.metrics.record_egress_sync(True, sum(len(r) for r in ranges.values()))
+        return True
+
+    def _run(self) -> None:
+        if self.netns is not None:
+            from pyroute2 import netns
+
+            netns.setns(self.netns)
+        events = IPRoute()
+        events.bind(groups=GROUPS)
+        try:
+            self._loop(events)
+        finally:
+            events.close()
+
+    def _loop(self, events: IPRoute) -> None:
+        dirty, force, backoff = True, True, 1.0
+        next_full = time.monotonic() + self.resync
+        retry_at = 0.0
+        while True:
+            now = time.monotonic()
+            if now >= next_full:
+                dirty, force, next_full = True, True, now + self.resync
+            if dirty and now >= retry_at:
+                if self.sync(force=force):
+                    dirty = force = False
+                    backoff = 1.0
+                else:
+                    retry_at, backoff = now + backoff, min(backoff * 2, MAX_BACKOFF)
+                self._ready.set()
+            wake = next_full if not dirty else min(next_full, max(retry_at, now + 0.05))
+            ready, _, _ = select.select(
+                [events.fileno(), self._stop_r], [], [], max(0.0, wake - time.monotonic())
+            )
+            if self._stop_r in ready:
+                return
+            if events.fileno() in ready:
+                events.get()
+                time.sleep(self.debounce)  # a route change comes as a burst of messages
+                while select.select([events.fileno()], [], [], 0)[0]:
+                    events.get()
+                dirty = True
+
+
+def _describe(ranges: Ranges) -> str:
+    parts = [f"{a}-{b} -> {s}" for fam in (4, 6) for a, b, s in ranges.get(fam, [])]
+    return "; ".join(parts) or "no route with a preferred source"

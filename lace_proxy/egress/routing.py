@@ -1,0 +1,205 @@
+"""The node's routing table as egress needs it: which route a destination takes, and the
+address that route prefers as source.
+
+A `RoutingSnapshot` is read in one go (routes of the main table, addresses, interfaces) and
+then queried without the kernel, so the SNAT ranges and `doctor egress` agree with each
+other. The preferred source of a route is its `src` (RTA_PREFSRC) when it has one, else
+what the kernel picks for the node's own packets on that route: an address of the outgoing
+interface in the gateway's (or destination's) subnet, else that interface's first primary
+address of global scope.
+
+Only the main table's unicast routes count (policy rules that send pod traffic elsewhere are
+not followed); of a multipath route, the first next hop.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import itertools
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+MAIN_TABLE = 254
+RTN_UNICAST = 1
+RT_SCOPE_UNIVERSE = 0
+IFA_F_SECONDARY = 0x01
+RTAX_MTU = "RTAX_MTU"
+_FAMILY = {socket.AF_INET: 4, socket.AF_INET6: 6}
+
+
+@dataclass(frozen=True)
+class Route:
+    """A unicast route of the main table."""
+
+    dst: str  # a CIDR ("0.0.0.0/0" for the default route)
+    gateway: str | None
+    interface: str
+    prefsrc: str | None
+    metric: int = 0
+    mtu: int = 0  # the route's own MTU (0: the interface's)
+
+    @property
+    def network(self) -> IPNetwork:
+        return ipaddress.ip_network(self.dst)
+
+
+@dataclass(frozen=True)
+class Address:
+    """An address of an interface, as `ip addr` shows it."""
+
+    interface: str
+    address: str
+    prefixlen: int
+    primary: bool = True
+    scope: int = RT_SCOPE_UNIVERSE
+
+    @property
+    def network(self) -> IPNetwork:
+        return ipaddress.ip_network(f"{self.address}/{self.prefixlen}", strict=False)
+
+
+@dataclass(frozen=True)
+class RoutingSnapshot:
+    """Routes, addresses and interface MTUs read at one moment."""
+
+    routes: tuple[Route, ...] = ()
+    addresses: tuple[Address, ...] = ()
+    mtus: tuple[tuple[str, int], ...] = ()  # (interface, MTU)
+
+    def lookup(self, destination: str) -> Route | None:
+        """The route the node selects for `destination`: longest prefix, then lowest metric."""
+        ip = ipaddress.ip_address(destination)
+        best: Route | None = None
+        for route in self.routes:
+            net = route.network
+            if net.version != ip.version or ip not in net:
+                continue
+            if best is None or (net.prefixlen, -route.metric) > (
+                best.network.prefixlen,
+                -best.metric,
+            ):
+                best = route
+        return best
+
+    def source(self, route: Route) -> str | None:
+        """The route's preferred source address (see the module docstring)."""
+        if route.prefsrc:
+            return route.prefsrc
+        version = route.network.version
+        mine = [
+            a
+            for a in self.addresses
+            if a.interface == route.interface
+            and ipaddress.ip_address(a.address).version == version
+            and a.scope == RT_SCOPE_UNIVERSE
+        ]
+        toward = route.gateway or str(route.network.network_address)
+        for a in mine:
+            if a.primary and ipaddress.ip_address(toward) in a.network:
+                return a.address
+        primary = [a for a in mine if a.primary]
+        return primary[0].address if primary else None
+
+    def mtu(self, route: Route) -> int:
+        """The path MTU the route gives: its own, else its interface's (0: unknown)."""
+        return route.mtu or dict(self.mtus).get(route.interface, 0)
+
+    def interface_of(self, address: str) -> str | None:
+        """The interface whose route a (local) address is reached through, e.g. a pod's veth."""
+        route = self.lookup(address)
+        return route.interface if route else None
+
+    def source_ranges(self, family: int) -> list[tuple[str, str, str]]:
+        """Disjoint (first, last, source) address ranges covering every destination of
+        `family` that has a route with a preferred source: the SNAT map.
+
+        Every route's bounds split the space into pieces no route boundary crosses, so one
+        lookup per piece answers for all of it; neighbours with the same source merge.
+        """
+        make = ipaddress.IPv4Address if family == 4 else ipaddress.IPv6Address
+        bounds: set[int] = set()
+        for route in self.routes:
+            net = route.network
+            if net.version == family:
+                bounds.update((int(net.network_address), int(net.broadcast_address) + 1))
+        pieces: list[list[Any]] = []
+        for start, end in itertools.pairwise(sorted(bounds)):
+            route = self.lookup(str(make(start)))
+            source = self.source(route) if route else None
+            if source is None:
+                continue
+            if pieces and pieces[-1][2] == source and pieces[-1][1] == start - 1:
+                pieces[-1][1] = end - 1
+            else:
+                pieces.append([start, end - 1, source])
+        return [(str(make(a)), str(make(b)), s) for a, b, s in pieces]
+
+
+def read_snapshot(ipr: Any) -> RoutingSnapshot:
+    """Read the main table's unicast routes, the addresses and the MTUs through `ipr`."""
+    names: dict[int, str] = {}
+    mtus: list[tuple[str, int]] = []
+    for link in ipr.get_links():
+        name = str(link.get("IFLA_IFNAME"))
+        names[int(link["index"])] = name
+        mtus.append((name, int(link.get("IFLA_MTU") or 0)))
+    addresses = []
+    for msg in ipr.get_addr():
+        local = msg.get("IFA_LOCAL") or msg.get("IFA_ADDRESS")
+        if local is None or int(msg["index"]) not in names:
+            continue
+        addresses.append(
+            Address(
+                names[int(msg["index"])],
+                str(ipaddress.ip_address(local)),
+                int(msg["prefixlen"]),
+                not int(msg.get("flags", 0)) & IFA_F_SECONDARY,
+                int(msg.get("scope", 0)),
+            )
+        )
+    routes = []
+    for family in _FAMILY:
+        for msg in ipr.get_routes(family=family, table=MAIN_TABLE):
+            route = _route(msg, names)
+            if route is not None:
+                routes.append(route)
+    return RoutingSnapshot(tuple(routes), tuple(addresses), tuple(mtus))
+
+
+def _route(msg: Any, names: dict[int, str]) -> Route | None:
+    if int(msg["type"]) != RTN_UNICAST or msg.get("RTA_TABLE", MAIN_TABLE) != MAIN_TABLE:
+        return None
+    version = _FAMILY[int(msg["family"])]
+    dst = msg.get("RTA_DST") or ("0.0.0.0" if version == 4 else "::")
+    gateway, oif = msg.get("RTA_GATEWAY"), msg.get("RTA_OIF")
+    multipath = msg.get("RTA_MULTIPATH")
+    if oif is None and multipath:  # ECMP: the first next hop
+        hop = multipath[0]
+        gateway, oif = hop.get("RTA_GATEWAY"), hop["oif"]
+    if oif is None or int(oif) not in names:
+        return None
+    metrics = msg.get("RTA_METRICS")
+    mtu = int(metrics.get(RTAX_MTU) or 0) if metrics is not None else 0
+    return Route(
+        str(ipaddress.ip_network(f"{dst}/{msg['dst_len']}", strict=False)),
+        str(gateway) if gateway else None,
+        names[int(oif)],
+        str(msg.get("RTA_PREFSRC")) if msg.get("RTA_PREFSRC") else None,
+        int(msg.get("RTA_PRIORITY") or 0),
+        mtu,
+    )
+
+
+def covered(address: str, cidrs: Iterable[str]) -> bool:
+    """Whether `address` lies in any of `cidrs` (of its family)."""
+    ip = ipaddress.ip_address(address)
+    return any(
+        ip in net
+        for net in (ipaddress.ip_network(c, strict=False) for c in cidrs)
+        if net.version == ip.version
+    )

@@ -1,0 +1,243 @@
+"""Pod egress by the node's routes (DESIGN.md §4), on real traffic in the egress testbed.
+
+The controller runs in node-a's namespace as in `lace-proxy run` (its own thread, following
+rtnetlink events); pod a1 connects out, and each far end reports the source it saw.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from lace_proxy.cli import main
+from lace_proxy.dataplane.egress import EgressSettings, EgressSnat
+from lace_proxy.dataplane.nft import Nft
+from lace_proxy.egress.controller import EgressController
+from lace_proxy.metrics import ProxyMetrics
+from lace_proxy.sandbox.cluster import A1_4, B1_4, FAR4, NEAR4, NEAR_CIDR4, NODE_A4, NODE_B4
+from lace_proxy.sandbox.egress import (
+    BEYOND_B4,
+    EDGE_A4,
+    LAB4,
+    LAB_CIDR4,
+    LAB_PREFSRC4,
+    PLATFORM_A4,
+    UPLINK_A4,
+    EgressTestbed,
+)
+from lace_proxy.sandbox.testbed import Result, request_tcp, request_udp
+
+from .conftest import _skip_unless_capable
+
+pytestmark = pytest.mark.netns
+
+LACE_API = "lace-proxy.lace-cni.io/v1alpha1"
+POD_CIDRS = ("10.251.0.0/16", "10.254.0.0/16")
+
+
+@pytest.fixture(scope="module")
+def tb() -> Iterator[EgressTestbed]:
+    _skip_unless_capable()
+    with EgressTestbed() as testbed:
+        yield testbed
+
+
+@pytest.fixture
+def start(tb: EgressTestbed) -> Iterator[Callable[..., EgressController]]:
+    """Start a controller on node-a with these settings; stopped and cleaned up after."""
+    made: list[EgressController] = []
+    ns = tb.nodes["node-a"].ns.name
+
+    def make(resync: float = 30.0, **settings: object) -> EgressController:
+        settings.setdefault("pod_cidrs", POD_CIDRS)
+        snat = EgressSnat(EgressSettings(**settings), Nft(ns))  # type: ignore[arg-type]
+        controller = EgressController(snat, netns=ns, metrics=ProxyMetrics(), resync=resync)
+        controller.start()
+        made.append(controller)
+        return controller
+
+    yield make
+    for controller in made:
+        controller.stop()
+        controller.snat.cleanup()
+
+
+def seen(tb: EgressTestbed, destination: str, udp: bool = False) -> str | None:
+    """The source address the far end saw for a new connection from pod a1 (None: no answer)."""
+    request = request_udp if udp else request_tcp
+    result: Result = request(tb.pods["a1"], destination, 8080, timeout=1.0)
+    return result.reply.peer if result.reply else None
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "not reached in time"
+        time.sleep(0.05)
+
+
+def test_each_destination_sees_the_source_of_its_route(
+    tb: EgressTestbed, start: Callable[..., EgressController]
+) -> None:
+    # Without lace-proxy: the pod's own address; the edge cannot answer it.
+    assert seen(tb, FAR4) == A1_4
+    assert seen(tb, LAB4) is None
+    start()
+    assert seen(tb, FAR4) == NODE_A4  # default route: the cluster-host address
+    assert seen(tb, FAR4, udp=True) == NODE_A4
+    assert seen(tb, LAB4) == UPLINK_A4  # a route on eth1 without src: eth1's address
+    assert seen(tb, LAB_PREFSRC4) == PLATFORM_A4  # its own src, which masquerade would not pick
+    # Through another node as the gateway: node-b forwards without re-sourcing, so the far
+    # end sees node-a's address (and must route it back, here via node-b).
+    assert seen(tb, BEYOND_B4) == NODE_A4
+    # Pod to pod, also across nodes, is not translated.
+    assert seen(tb, B1_4) == A1_4
+
+
+def test_a_route_change_flips_the_source_without_a_restart(
+    tb: EgressTestbed, start: Callable[..., EgressController]
+) -> None:
+    controller = start()
+    node = tb.nodes["node-a"]
+    assert seen(tb, LAB4) == UPLINK_A4
+    route = [LAB_CIDR4, "via", EDGE_A4, "dev", "eth1"]
+    tb.exec(node, ["ip", "route", "replace", *route, "src", PLATFORM_A4])
+    try:
+        wait_for(lambda: seen(tb, LAB4) == PLATFORM_A4)
+        assert controller.errors == 0
+    finally:
+        tb.exec(node, ["ip", "route", "replace", *route])
+    wait_for(lambda: seen(tb, LAB4) == UPLINK_A4)
+    # A route that goes away takes its range with it: the default route's source applies.
+    tb.exec(node, ["ip", "route", "del", LAB_CIDR4])
+    try:
+        wait_for(lambda: source_of(controller, LAB4) == NODE_A4)
+    finally:
+        tb.exec(node, ["ip", "route", "add", *route])
+    wait_for(lambda: seen(tb, LAB4) == UPLINK_A4)
+
+
+def test_non_masquerade_cidrs_are_left_alone(
+    tb: EgressTestbed, start: Callable[..., EgressController]
+) -> None:
+    start(non_masquerade_cidrs=(NEAR_CIDR4,))
+    assert seen(tb, NEAR4) == A1_4  # left alone: near routes pods back through the fabric
+    assert seen(tb, FAR4) == NODE_A4
+
+
+def test_the_table_comes_back_when_deleted(
+    tb: EgressTestbed, start: Callable[..., EgressController]
+) -> None:
+    """Someone deletes the table: the next resync (here 1 s) writes it again."""
+    start(resync=1.0)
+    tb.exec(tb.nodes["node-a"], ["nft", "delete", "table", "inet", "lace-proxy-egress"])
+    assert seen(tb, FAR4) == A1_4
+    wait_for(lambda: seen(tb, FAR4) == NODE_A4)
+
+
+def source_of(controller: EgressController, address: str) -> str | None:
+    """The source the programmed map gives `address` (IPv4)."""
+    ip = ipaddress.ip_address(address)
+    for first, last, source in (controller.programmed or {}).get(4, []):
+        if ipaddress.ip_address(first) <= ip <= ipaddress.ip_address(last):
+            return source
+    return None
+
+
+# -- lace-proxy doctor egress, against the same routes and the traffic's own answer ----------
+
+
+def doctor(
+    tb: EgressTestbed,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    destination: str,
+    routable: tuple[str, ...] = (),
+) -> tuple[int, dict[str, Any]]:
+    folder = tmp_path / "manifests"
+    folder.mkdir(exist_ok=True)
+    nodes = [
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name},
+            "status": {"addresses": [{"type": "InternalIP", "address": address}]},
+        }
+        for name, address in (("node-a", NODE_A4), ("node-b", NODE_B4))
+    ]
+    (folder / "nodes.yaml").write_text(yaml.safe_dump_all(nodes))
+    config = tmp_path / "proxy.yaml"
+    doc = {
+        "apiVersion": LACE_API,
+        "kind": "KubeProxyConfiguration",
+        "lace": {"egress": {"routablePrefixes": list(routable)}},
+    }
+    config.write_text(yaml.safe_dump(doc))
+    argv = ["doctor", "egress", "--pod", A1_4, "--to", destination, "-o", "json"]
+    argv += ["--netns", tb.nodes["node-a"].ns.name, "--config", str(config)]
+    argv += ["--cluster-cidr", POD_CIDRS[0], "--hostname-override", "node-a"]
+    argv += ["--manifests", str(folder)]
+    code = main(argv)
+    out = capsys.readouterr()
+    assert code in (0, 1), out.err
+    return code, json.loads(out.out)
+
+
+def codes(report: dict[str, Any]) -> list[str]:
+    return [f["code"] for f in report["findings"]]
+
+
+def test_doctor_says_the_source_the_far_end_sees(
+    tb: EgressTestbed,
+    start: Callable[..., EgressController],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    start()
+    routable = ("10.250.0.0/24", "192.0.2.0/24")
+    code, report = doctor(tb, tmp_path, capsys, LAB4, routable)
+    assert (code, codes(report)) == (0, [])
+    assert report["route"]["interface"] == "eth1" and report["translated"]
+    assert report["source"] == seen(tb, LAB4) == UPLINK_A4
+    # The platform address is not among the routable prefixes: flagged, with what to do.
+    code, report = doctor(tb, tmp_path, capsys, LAB_PREFSRC4, routable)
+    assert (code, codes(report)) == (1, ["source_not_routable"])
+    assert report["source"] == seen(tb, LAB_PREFSRC4) == PLATFORM_A4
+    assert "advertise 172.16.0.11's prefix" in report["findings"][0]["action"]
+
+
+def test_doctor_flags_another_node_as_the_next_hop(
+    tb: EgressTestbed,
+    start: Callable[..., EgressController],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    start()
+    code, report = doctor(tb, tmp_path, capsys, BEYOND_B4)
+    assert (code, codes(report)) == (1, ["next_hop_is_a_node"])
+    assert report["route"]["gateway"] == NODE_B4
+    assert report["source"] == seen(tb, BEYOND_B4) == NODE_A4
+    assert "node node-b, which forwards without re-sourcing" in report["findings"][0]["message"]
+
+
+def test_doctor_flags_a_path_mtu_below_the_pods(
+    tb: EgressTestbed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    node = tb.nodes["node-a"]
+    tb.exec(node, ["ip", "link", "set", "eth1", "mtu", "1400"])
+    try:
+        code, report = doctor(tb, tmp_path, capsys, LAB4)
+    finally:
+        tb.exec(node, ["ip", "link", "set", "eth1", "mtu", "1500"])
+    assert (code, codes(report)) == (1, ["mtu_mismatch"])
+    assert report["pathMTU"] == 1400
+    assert "MTU to 1400 or less" in report["findings"][0]["action"]
+    code, report = doctor(tb, tmp_path, capsys, LAB4)
+    assert (code, codes(report)) == (0, [])

@@ -1,0 +1,43 @@
+"""`doctor egress` on a routing snapshot given as data (the kernel-read path is tested in
+tests/netns/test_egress.py against the traffic's own answer)."""
+
+from __future__ import annotations
+
+from lace_proxy.doctor import EgressSettingsView, diagnose_egress
+from lace_proxy.egress.routing import Address, Route, RoutingSnapshot
+
+SNAPSHOT = RoutingSnapshot(
+    routes=(
+        Route("10.250.0.0/24", None, "eth0", "10.250.0.11"),
+        Route("198.18.0.0/24", "192.0.2.1", "eth1", None),
+        Route("10.251.1.11/32", None, "va1", None),
+    ),
+    addresses=(Address("eth0", "10.250.0.11", 24), Address("eth1", "192.0.2.11", 24)),
+    mtus=(("eth0", 1500), ("eth1", 1500), ("va1", 1500)),
+)
+ON = EgressSettingsView(pod_cidrs=("10.251.0.0/16",))
+POD = "10.251.1.11"
+
+
+def test_no_route_is_a_problem_with_an_action() -> None:
+    report = diagnose_egress(SNAPSHOT, ON, POD, "8.8.8.8")
+    assert report.exit_code == 1 and report.source is None
+    (finding,) = report.findings
+    assert finding.code == "no_route" and "default route" in finding.action
+    assert "no_route: this node has no route to 8.8.8.8" in report.to_text()
+
+
+def test_what_is_not_translated_and_why() -> None:
+    report = diagnose_egress(SNAPSHOT, ON, POD, "198.18.0.9")
+    assert (report.translated, report.source, report.exit_code) == (True, "192.0.2.11", 0)
+    assert report.why == "source-NATed to the route's preferred source (eth1's address)"
+    off = EgressSettingsView(enabled=False, pod_cidrs=ON.pod_cidrs)
+    report = diagnose_egress(SNAPSHOT, off, POD, "198.18.0.9")
+    assert (report.translated, report.source) == (False, POD)
+    assert "unless the CNI masquerades" in report.why
+    kept = EgressSettingsView(pod_cidrs=ON.pod_cidrs, non_masquerade_cidrs=("198.18.0.0/16",))
+    assert diagnose_egress(SNAPSHOT, kept, POD, "198.18.0.9").source == POD
+    other = diagnose_egress(SNAPSHOT, ON, "10.99.0.1", "198.18.0.9")
+    assert [f.code for f in other.findings] == ["not_a_pod_address"]
+    assert other.exit_code == 0  # a note, not a problem
+    assert diagnose_egress(SNAPSHOT, ON, POD, "198.18.0.9").to_dict()["ok"] is True
