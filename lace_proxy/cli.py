@@ -56,6 +56,7 @@ from lace_proxy.metrics import ProxyMetrics
 from lace_proxy.model import EndpointSlice, LaceObject, Node, Rejections, Service
 from lace_proxy.model.load import load_manifests
 from lace_proxy.networks import NetworkView
+from lace_proxy.networks.graph import NetworkGraph
 from lace_proxy.proxier import Proxier
 from lace_proxy.sources.files import SOURCE_NAME as FILES
 from lace_proxy.sources.files import ManifestSource
@@ -119,13 +120,12 @@ def egress_settings(cfg: ProxyConfig) -> EgressSettings:
 
 
 def egress_controller(cfg: ProxyConfig, metrics: ProxyMetrics) -> EgressController | None:
-    """The controller following routes into the egress table, or None (off, or no pods)."""
+    """The controller following routes into the egress table, or None (off)."""
     if not cfg.lace.egress.enabled:
         log.info("egress SNAT: off (lace.egress.enabled false)")
         return None
     if not cfg.cluster_cidr:
-        log.warning("egress SNAT: off, no clusterCIDR to tell pod traffic by")
-        return None
+        log.info("egress SNAT: pods are the Lace pod networks' prefixes (no clusterCIDR)")
     snat = EgressSnat(egress_settings(cfg), Nft())
     return EgressController(snat, metrics=metrics, resync=cfg.sync_period)
 
@@ -172,6 +172,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         kubeconfig = args.kubeconfig or cfg.client_connection.kubeconfig
         name, where = KUBE, args.master or kubeconfig or "in-cluster config"
+    egress = egress_controller(cfg, metrics)
     proxier = Proxier(
         table,
         backend,
@@ -182,6 +183,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         health=health,
         service_health=service_health,
         routes=PolicyRoutes(routing_settings(cfg)),
+        pod_networks=egress.set_pod_networks if egress is not None else None,
     )
     if name == FILES:
         source = ManifestSource(where, proxier, rejections, interval=args.poll_interval)
@@ -209,8 +211,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         name,
         where,
     )
-
-    egress = egress_controller(cfg, metrics)
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -801,6 +801,7 @@ def cmd_doctor_egress(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return bad(exc)
     nodes: dict[str, list[str]] = {}
+    pod_networks: list[str] = []
     if cfg.lace.manifests:
         try:
             loaded = load_manifests(cfg.lace.manifests)
@@ -811,10 +812,12 @@ def cmd_doctor_egress(args: argparse.Namespace) -> int:
             for name, node in loaded.nodes.items()
             if name != cfg.hostname_override
         }
+        layout = NetworkGraph(loaded.lace.values()).layout()
+        pod_networks = [prefix for prefix, _ in layout.pod_prefixes]
     e = cfg.lace.egress
     view = EgressSettingsView(
         enabled=e.enabled,
-        pod_cidrs=tuple(str(n) for n in cfg.cluster_cidr),
+        pod_cidrs=(*(str(n) for n in cfg.cluster_cidr), *pod_networks),
         non_masquerade_cidrs=tuple(str(n) for n in e.non_masquerade_cidrs),
         routable_prefixes=tuple(str(n) for n in e.routable_prefixes),
     )
@@ -1052,7 +1055,8 @@ For a new connection from a pod of this node to DEST, read this node's routing t
 
   route        the route the node selects (main table, longest prefix, lowest metric)
   source       the address DEST will see: the route's preferred source when lace-proxy
-               source-NATs it (a clusterCIDR pod, a destination outside clusterCIDR and
+               source-NATs it (a pod: in clusterCIDR or a Lace pod network of
+               --manifests; a destination outside them and
                lace.egress.nonMasqueradeCIDRs), else the pod's own
   findings     no_route; source_not_routable (outside lace.egress.routablePrefixes);
                next_hop_is_a_node (another cluster node forwards without re-sourcing;

@@ -244,10 +244,10 @@ class LaceRoutingConfig:
 @dataclass(frozen=True, slots=True)
 class LaceEgressConfig:
     """lace.egress: pod traffic leaving the cluster is source-NATed to the preferred source of
-    the node's route to it (DESIGN.md §4). Pods are the clusterCIDR sources; destinations in
-    clusterCIDR or nonMasqueradeCIDRs are left alone. Turn it off where the CNI does it.
-    `routablePrefixes` are the source addresses the far ends can route back to (only
-    `lace-proxy doctor egress` reads them)."""
+    the node's route to it (DESIGN.md §4). Pods are the sources in clusterCIDR or a Lace pod
+    network; destinations among them or in nonMasqueradeCIDRs are left alone. Turn it off
+    where the CNI does it. `routablePrefixes` are the source addresses the far ends can route
+    back to (only `lace-proxy doctor egress` reads them)."""
 
     enabled: bool = True
     table: str = "lace-proxy-egress"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -72,6 +72,7 @@ class Proxier:
         health: ProxierHealth | None = None,
         service_health: ServiceHealthServers | None = None,
         routes: PolicyRoutes | None = None,
+        pod_networks: Callable[[tuple[str, ...]], None] | None = None,
     ) -> None:
         self.table = table
         self.dataplane = dataplane
@@ -98,6 +99,9 @@ class Proxier:
         # Policy routes for the node's own service traffic: they follow the network model
         # and the node's addresses; nftables also needs the node's podCIDRs.
         self.routes = routes
+        # Told the pod networks' prefixes at each sync (egress SNAT: whose traffic, and
+        # which destinations stay untranslated).
+        self._pod_networks = pod_networks
         self._routes_pending = routes is not None
         self._node_pod_cidrs: tuple[str, ...] = ()
         self._node_addresses: tuple[str, ...] = ()
@@ -303,6 +307,8 @@ class Proxier:
         full = full or self._need_full
         changes = self.table.build()
         layout = self._layout()  # of the same moment as the plans
+        if self._pod_networks is not None:
+            self._pod_networks(tuple(prefix for prefix, _ in layout.pod_prefixes))
         try:
             count = 0
             if not full and (changes or layout != self._programmed_layout):

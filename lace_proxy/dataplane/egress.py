@@ -1,6 +1,7 @@
 """Pod egress SNAT in nftables: a table of its own, `lace-proxy-egress`.
 
-    set pod-sources-v4    the pod CIDRs (clusterCIDR): whose traffic is source-NATed
+    set pod-sources-v4    the pod CIDRs (clusterCIDR and the Lace pod networks' prefixes):
+                          whose traffic is source-NATed
     set no-snat-v4        destinations left alone: the pod CIDRs and nonMasqueradeCIDRs
     map route-sources-v4  destination range -> the preferred source of its route
     chain postrouting     nat, priority srcnat + 10:
@@ -51,14 +52,15 @@ class EgressSnat:
         self.settings = settings
         self.nft = nft
 
-    def render(self, ranges: Ranges) -> list[str]:
-        """The whole table, for `nft -f`."""
+    def render(self, ranges: Ranges, pod_networks: Sequence[str] = ()) -> list[str]:
+        """The whole table, for `nft -f`; `pod_networks` are the Lace pod networks' prefixes,
+        pods as much as clusterCIDR's."""
         t = self.settings.table
         lines = [f"table inet {t} {{"]
         for fam in FAMILIES:
             v, at = f"v{fam}", f"ipv{fam}_addr"
-            pods = _cidrs(self.settings.pod_cidrs, fam)
-            keep = _cidrs((*self.settings.pod_cidrs, *self.settings.non_masquerade_cidrs), fam)
+            pods = _cidrs((*self.settings.pod_cidrs, *pod_networks), fam)
+            keep = _cidrs((*pods, *self.settings.non_masquerade_cidrs), fam)
             spans = [
                 f"{a}-{b} : {s}" if a != b else f"{a} : {s}" for a, b, s in ranges.get(fam, [])
             ]
@@ -82,12 +84,12 @@ class EgressSnat:
         lines += ["  }", "}"]
         return lines
 
-    def apply(self, ranges: Ranges) -> None:
+    def apply(self, ranges: Ranges, pod_networks: Sequence[str] = ()) -> None:
         """Replace the table atomically (raises NftError and changes nothing if refused)."""
         t = self.settings.table
         tx = Transaction()
         tx.extend([f"table inet {t} {{ }}", f"delete table inet {t}"])
-        tx.extend(self.render(ranges))
+        tx.extend(self.render(ranges, pod_networks))
         self.nft.apply(tx)
 
     def cleanup(self) -> bool:

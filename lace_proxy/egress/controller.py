@@ -1,7 +1,8 @@
 """Keeps the egress SNAT table in step with the node's routing table.
 
 A thread of its own (pyroute2's sockets do not run on the uvloop loop) listens to rtnetlink's
-route, address and link events; after each burst (`debounce`) it reads the routing table
+route, address and link events, and is told the Lace pod networks' prefixes by the proxier
+(`set_pod_networks`); after each burst (`debounce`) it reads the routing table
 again, works out the source ranges (`RoutingSnapshot.source_ranges`) and, when they differ
 from what is programmed, rewrites the egress table. Every `resync` seconds it rewrites the
 table anyway (someone may have deleted it). A refused transaction is logged and counted and
@@ -58,9 +59,19 @@ class EgressController:
         self.snapshot = RoutingSnapshot()
         self.syncs = 0  # programmings so far (tests wait on it)
         self.errors = 0
+        self.pod_networks: tuple[str, ...] = ()  # the Lace pod networks' prefixes
+        self._programmed_pods: tuple[str, ...] | None = None
         self._thread: threading.Thread | None = None
         self._stop_r, self._stop_w = os.pipe()
+        self._wake_r, self._wake_w = os.pipe()
         self._ready = threading.Event()
+
+    def set_pod_networks(self, prefixes: tuple[str, ...]) -> None:
+        """The pod networks' prefixes changed (from the proxier's sync; any thread)."""
+        prefixes = tuple(sorted(prefixes))
+        if prefixes != self.pod_networks:
+            self.pod_networks = prefixes
+            os.write(self._wake_w, b"x")
 
     def start(self) -> None:
         """Start following; returns once the first programming was attempted."""
@@ -74,7 +85,7 @@ class EgressController:
             os.write(self._stop_w, b"x")
             self._thread.join(10)
             self._thread = None
-        for fd in (self._stop_r, self._stop_w):
+        for fd in (self._stop_r, self._stop_w, self._wake_r, self._wake_w):
             os.close(fd)
 
     def sync(self, *, force: bool = False) -> bool:
@@ -83,10 +94,11 @@ class EgressController:
         with IPRoute() as ipr:
             self.snapshot = read_snapshot(ipr)
         ranges = {fam: self.snapshot.source_ranges(fam) for fam in (4, 6)}
-        if ranges == self.programmed and not force:
+        pods = self.pod_networks
+        if ranges == self.programmed and pods == self._programmed_pods and not force:
             return True
         try:
-            self.snat.apply(ranges)
+            self.snat.apply(ranges, pods)
         except NftError as exc:
             self.errors += 1
             log.error("egress SNAT table refused (kept as it was; retrying): %s", exc)
@@ -95,7 +107,7 @@ class EgressController:
             return False
         if ranges != self.programmed:
             log.info("egress SNAT: %s", _describe(ranges))
-        self.programmed = ranges
+        self.programmed, self._programmed_pods = ranges, pods
         self.syncs += 1
         if self.metrics is not None:
             self.metrics.record_egress_sync(True, sum(len(r) for r in ranges.values()))
@@ -130,10 +142,16 @@ class EgressController:
                 self._ready.set()
             wake = next_full if not dirty else min(next_full, max(retry_at, now + 0.05))
             ready, _, _ = select.select(
-                [events.fileno(), self._stop_r], [], [], max(0.0, wake - time.monotonic())
+                [events.fileno(), self._stop_r, self._wake_r],
+                [],
+                [],
+                max(0.0, wake - time.monotonic()),
             )
             if self._stop_r in ready:
                 return
+            if self._wake_r in ready:
+                os.read(self._wake_r, 512)
+                dirty = True
             if events.fileno() in ready:
                 events.get()
                 time.sleep(self.debounce)  # a route change comes as a burst of messages

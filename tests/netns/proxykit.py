@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +102,8 @@ class Harness:
 
     `node` is the namespace programmed (the single-node testbed's node by default) and
     `node_name` the Node it is; `routing` turns on the policy routes; `mode` "ipvs" programs
-    IPVS (plus nftables without translation; needs an IPVS kernel: tests/vm).
+    IPVS (plus nftables without translation; needs an IPVS kernel: tests/vm); `pod_networks`
+    is told the pod networks' prefixes at each sync (the egress controller's hook).
     """
 
     def __init__(
@@ -115,6 +116,7 @@ class Harness:
         routing: RoutingSettings | None = None,
         mode: str = "nftables",
         ipvs: IpvsSettings | None = None,
+        pod_networks: Callable[[tuple[str, ...]], None] | None = None,
         **settings: Any,
     ) -> None:
         self.tb = tb
@@ -131,7 +133,13 @@ class Harness:
         self.routes = None if routing is None else PolicyRoutes(routing, netns)
         self.table = ServiceTable(node_name)
         self.rejections = Rejections()
-        self.proxier = Proxier(self.table, self.backend, sources=[SOURCE_NAME], routes=self.routes)
+        self.proxier = Proxier(
+            self.table,
+            self.backend,
+            sources=[SOURCE_NAME],
+            routes=self.routes,
+            pod_networks=pod_networks,
+        )
         self.source = ManifestSource(folder, self.proxier, self.rejections)
         self.proxier.synced(SOURCE_NAME)
 

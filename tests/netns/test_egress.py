@@ -34,7 +34,9 @@ from lace_proxy.sandbox.egress import (
 )
 from lace_proxy.sandbox.testbed import Result, request_tcp, request_udp
 
+from ..lacekit import external, l3
 from .conftest import _skip_unless_capable
+from .proxykit import Harness
 
 pytestmark = pytest.mark.netns
 
@@ -130,6 +132,43 @@ def test_non_masquerade_cidrs_are_left_alone(
     start(non_masquerade_cidrs=(NEAR_CIDR4,))
     assert seen(tb, NEAR4) == A1_4  # left alone: near routes pods back through the fabric
     assert seen(tb, FAR4) == NODE_A4
+
+
+def test_pods_of_lace_pod_networks_without_cluster_cidr(
+    tb: EgressTestbed, start: Callable[..., EgressController]
+) -> None:
+    """No clusterCIDR: the pod sources are the Lace pod networks' prefixes the proxier hands
+    over at each sync; a network that goes away takes its pods' translation with it."""
+    controller = start(pod_cidrs=())
+    assert seen(tb, FAR4) == A1_4
+    controller.set_pod_networks(("10.251.0.0/16", "10.254.0.0/16"))
+    wait_for(lambda: seen(tb, FAR4) == NODE_A4)
+    assert seen(tb, B1_4) == A1_4  # another pod network's address: not translated
+    controller.set_pod_networks(("10.254.0.0/16",))
+    wait_for(lambda: seen(tb, FAR4) == A1_4)
+
+
+def test_the_proxier_hands_over_the_pod_networks_of_network_objects(
+    tb: EgressTestbed, start: Callable[..., EgressController], tmp_path: Path
+) -> None:
+    controller = start(pod_cidrs=())
+    proxy = Harness(
+        tb,
+        tmp_path / "manifests",
+        node=tb.nodes["node-a"],
+        node_name="node-a",
+        pod_networks=controller.set_pod_networks,
+    )
+    try:
+        proxy.write("networks", l3("default", "10.251.0.0/16"), external("internet", "0.0.0.0/0"))
+        proxy.sync()
+        assert controller.pod_networks == ("10.251.0.0/16",)
+        wait_for(lambda: seen(tb, FAR4) == NODE_A4)
+        proxy.remove("networks")
+        proxy.sync()
+        wait_for(lambda: seen(tb, FAR4) == A1_4)
+    finally:
+        proxy.close()
 
 
 def test_the_table_comes_back_when_deleted(
