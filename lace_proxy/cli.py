@@ -38,7 +38,13 @@ from lace_proxy.dataplane.ipvs import (
 from lace_proxy.dataplane.nft import Nft, NftError, netns_prefix
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
 from lace_proxy.dataplane.routes import PolicyRoutes, RoutingSettings
-from lace_proxy.doctor import EgressSettingsView, diagnose_egress
+from lace_proxy.doctor import (
+    EgressSettingsView,
+    NodeSettingsView,
+    diagnose_egress,
+    diagnose_node,
+    read_node_facts,
+)
 from lace_proxy.egress.controller import EgressController
 from lace_proxy.egress.routing import read_snapshot
 from lace_proxy.explain import (
@@ -835,6 +841,50 @@ def cmd_doctor_egress(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
+def cmd_doctor_node(args: argparse.Namespace) -> int:
+    def bad(message: object) -> int:
+        print(f"lace-proxy: doctor node: {message}", file=sys.stderr)
+        return 2
+
+    if (problem := _netns_problem(args.netns)) is not None:
+        return bad(problem)
+    try:
+        cfg = config_from_args(args)
+    except ConfigError as exc:
+        return bad(exc)
+    mtus: dict[str, int] = {}
+    own: int | None = None
+    if cfg.lace.manifests:
+        try:
+            loaded = load_manifests(cfg.lace.manifests)
+        except FileNotFoundError:
+            return bad(f"manifests: no such file or folder: {cfg.lace.manifests}")
+        for name, n in loaded.nodes.items():
+            if n.mtu is not None:
+                if name == cfg.hostname_override:
+                    own = n.mtu
+                else:
+                    mtus[name] = n.mtu
+    view = NodeSettingsView(
+        mode=cfg.mode,
+        scheduler=cfg.ipvs.scheduler,
+        pod_interface_prefix=cfg.detect_local.interface_name_prefix,
+        node_mtus=mtus,
+        own_mtu=own,
+    )
+    try:
+        facts = read_node_facts(Nft(args.netns), args.netns)
+    except (OSError, NetlinkError) as exc:
+        return bad(f"cannot read the node's state: {exc}")
+    report = diagnose_node(facts, view)
+    if args.output == "json":
+        json.dump(report.to_dict(), sys.stdout, indent=2)
+        print()
+    else:
+        print(report.to_text())
+    return report.exit_code
+
+
 def cmd_cleanup(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     settings = nftables_settings(cfg)
@@ -1041,8 +1091,9 @@ exit codes:
 
     doctor = sub.add_parser(
         "doctor",
-        help="find what breaks a pod's egress (doctor egress)",
-        description="Diagnose this node: `doctor egress` for one pod's traffic out of the cluster.",
+        help="find what breaks a pod's egress, or this node (doctor egress | node)",
+        description="Diagnose this node: `doctor egress` for one pod's traffic out of the "
+        "cluster, `doctor node` for the kernel, sysctls, MTUs and kube-proxy's leftovers.",
     )
     checks = doctor.add_subparsers(dest="check", metavar="CHECK", required=True)
     egress = checks.add_parser(
@@ -1086,6 +1137,42 @@ exit codes:
         "--netns", metavar="NAME", help="read this named network namespace's routes"
     )
     egress.set_defaults(func=cmd_doctor_egress)
+    node = checks.add_parser(
+        "node",
+        help="kernel features, sysctls, MTUs and kube-proxy's leftovers",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="""\
+Check whether this node (or --netns's) is fit for lace-proxy in the configured mode:
+
+  nftables         the nft binary answers (nf_tables loaded)
+  conntrack        connection tracking present, and its table not nearly full
+  ipvs             mode ipvs: IPVS loaded; note when the scheduler's module is not yet
+  ip_forward       net.ipv4.ip_forward is 1; notes: strict rp_filter (asymmetric paths
+                   dropped), route_localnet left on by kube-proxy
+  mtu              pod interfaces (detectLocal.interfaceNamePrefix) not above the uplink's
+                   MTU (the default route's interface); this node's and the other nodes'
+                   published MTU (Node annotation lace-cni.io/mtu, from --manifests) equal
+                   to it
+  kube_proxy_*     kube-proxy's leftovers that would fight lace-proxy: its nftables
+                   tables, its iptables chains (KUBE-*, as iptables-nft shows them), and
+                   kube-ipvs0 with its IPVS services
+
+Reads only; changes nothing.""",
+        epilog="""examples:
+  lace-proxy doctor node --config proxy.yaml
+  lace-proxy doctor node --proxy-mode ipvs --manifests DIR -o json
+
+exit codes:
+  0  nothing wrong (notes may be listed)
+  1  a problem was found
+  2  bad input (options, configuration)""",
+    )
+    add_config_flags(node)
+    node.add_argument(
+        "-o", "--output", choices=("text", "json"), default="text", help="text (default) or json"
+    )
+    node.add_argument("--netns", metavar="NAME", help="check this named network namespace")
+    node.set_defaults(func=cmd_doctor_node)
 
     cleanup = sub.add_parser(
         "cleanup",

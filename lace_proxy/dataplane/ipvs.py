@@ -660,6 +660,12 @@ def _services(ipvs: Any) -> Iterator[tuple[VirtualServer, str, int]]:
         yield vs, str(attrs.get("IPVS_SVC_ATTR_SCHED_NAME", "")), _persistence(msg)
 
 
+def virtual_services() -> list[VirtualServer]:
+    """Every address virtual service IPVS holds here (the calling thread's namespace)."""
+    with IPVS() as ipvs:
+        return [vs for vs, _, _ in _services(ipvs)]
+
+
 def _real_servers(path: str = PROC_IP_VS) -> dict[VirtualServer, list[RealServer]]:
     """Every virtual service's real servers, from one read of /proc/net/ip_vs (of the
     calling thread's namespace): a dump per virtual service would cost a netlink round trip

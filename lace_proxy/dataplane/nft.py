@@ -88,6 +88,10 @@ class Nft:
             raise
         return json.loads(out)
 
+    def ruleset(self) -> dict[str, Any]:
+        """Every table and chain as nft's JSON objects (terse: no set elements)."""
+        return json.loads(self._run(["-t", "-j", "list", "ruleset"]))
+
     def delete_table(self, family: str, table: str) -> bool:
         """Delete the table if it exists; True when something was deleted."""
         try:

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
+#: The MTU of the node's pod network uplink, as the Lace CNI publishes it (doctor node
+#: compares the nodes').
+MTU_ANNOTATION = "lace-cni.io/mtu"
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,3 +18,4 @@ class Node:
     pod_cidrs: tuple[str, ...] = ()  # canonical CIDRs
     deleting: bool = False  # metadata.deletionTimestamp is set
     labels: tuple[tuple[str, str], ...] = ()
+    mtu: int | None = None  # from MTU_ANNOTATION

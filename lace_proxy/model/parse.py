@@ -24,7 +24,7 @@ from lace_proxy.model.endpointslice import (
     EndpointSlice,
 )
 from lace_proxy.model.errors import ValidationError
-from lace_proxy.model.node import ZONE_LABEL, Node
+from lace_proxy.model.node import MTU_ANNOTATION, ZONE_LABEL, Node
 from lace_proxy.model.service import (
     DEFAULT_AFFINITY_TIMEOUT,
     HEADLESS_LABEL,
@@ -555,6 +555,20 @@ def parse_node(obj: dict[str, Any]) -> Node:
         pod_cidrs = () if single is None else (_cidr(s, single, "spec.podCIDR"),)
     else:
         pod_cidrs = _cidrs(s, spec["podCIDRs"], "spec.podCIDRs")
+    annotations = _mapping(s, meta.get("annotations"), "metadata.annotations")
+    mtu_text = _opt_str(
+        s, annotations.get(MTU_ANNOTATION), f'metadata.annotations["{MTU_ANNOTATION}"]'
+    )
+    mtu = None
+    if mtu_text is not None:
+        if not (mtu_text.isascii() and mtu_text.isdigit() and 68 <= int(mtu_text) <= 65535):
+            s.fail(
+                f'metadata.annotations["{MTU_ANNOTATION}"]',
+                mtu_text,
+                "must be an MTU, 68-65535",
+                "invalid_mtu",
+            )
+        mtu = int(mtu_text)
     return Node(
         name=name,
         zone=labels.get(ZONE_LABEL) or None,
@@ -562,6 +576,7 @@ def parse_node(obj: dict[str, Any]) -> Node:
         pod_cidrs=pod_cidrs,
         deleting=meta.get("deletionTimestamp") is not None,
         labels=_sorted_pairs(labels),
+        mtu=mtu,
     )
 
 

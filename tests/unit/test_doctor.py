@@ -3,7 +3,16 @@ tests/netns/test_egress.py against the traffic's own answer)."""
 
 from __future__ import annotations
 
-from lace_proxy.doctor import EgressSettingsView, diagnose_egress
+from dataclasses import replace
+
+from lace_proxy.doctor import (
+    EgressSettingsView,
+    NodeFacts,
+    NodeReport,
+    NodeSettingsView,
+    diagnose_egress,
+    diagnose_node,
+)
 from lace_proxy.egress.routing import Address, Route, RoutingSnapshot
 
 SNAPSHOT = RoutingSnapshot(
@@ -41,3 +50,42 @@ def test_what_is_not_translated_and_why() -> None:
     assert [f.code for f in other.findings] == ["not_a_pod_address"]
     assert other.exit_code == 0  # a note, not a problem
     assert diagnose_egress(SNAPSHOT, ON, POD, "198.18.0.9").to_dict()["ok"] is True
+
+
+FINE = NodeFacts(
+    sysctls={
+        "net.ipv4.ip_forward": 1,
+        "net.netfilter.nf_conntrack_max": 1000,
+        "net.netfilter.nf_conntrack_count": 10,
+    },
+    ipvs=True,
+    modules=frozenset({"ip_vs", "ip_vs_rr"}),
+    interfaces=(("eth0", 1500),),
+    uplink="eth0",
+)
+
+
+def statuses(report: NodeReport) -> dict[str, str]:
+    return {c.check: c.status for c in report.checks}
+
+
+def test_doctor_node_on_facts_given_as_data() -> None:
+    ipvs = NodeSettingsView(mode="ipvs")
+    report = diagnose_node(FINE, ipvs)
+    assert report.exit_code == 0 and set(statuses(report).values()) == {"ok"}
+    full = replace(FINE, sysctls={**FINE.sysctls, "net.netfilter.nf_conntrack_count": 950})
+    assert statuses(diagnose_node(full, ipvs))["conntrack"] == "problem"
+    gone = replace(FINE, sysctls={"net.ipv4.ip_forward": 1})
+    assert "modprobe nf_conntrack" in diagnose_node(gone, ipvs).checks[1].action
+    no_ipvs = diagnose_node(replace(FINE, ipvs=False), ipvs)
+    assert statuses(no_ipvs)["ipvs"] == "problem" and no_ipvs.exit_code == 1
+    assert "ipvs" not in statuses(diagnose_node(replace(FINE, ipvs=False), NodeSettingsView()))
+    mh = diagnose_node(FINE, NodeSettingsView(mode="ipvs", scheduler="mh"))
+    assert statuses(mh)["ipvs_scheduler"] == "note" and mh.exit_code == 0
+    strict = replace(FINE, sysctls={**FINE.sysctls, "net.ipv4.conf.all.rp_filter": 1})
+    assert statuses(diagnose_node(strict, ipvs))["rp_filter"] == "note"
+    broken = diagnose_node(replace(FINE, nft_error="nft: not found"), ipvs)
+    assert statuses(broken)["nftables"] == "problem"
+    assert statuses(diagnose_node(replace(FINE, uplink=None), ipvs))["mtu"] == "note"
+    text = diagnose_node(replace(FINE, tables=(("ip", "kube-proxy"),)), ipvs).to_text()
+    assert "problem      kube_proxy_nftables: kube-proxy's nftables tables are here" in text

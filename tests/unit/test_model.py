@@ -928,6 +928,15 @@ def test_minimal_node_and_pod_cidr_fallback() -> None:
     assert parse_node(node(spec={"podCIDR": "10.244.2.7/24"})).pod_cidrs == ("10.244.2.0/24",)
 
 
+def test_node_mtu_annotation() -> None:
+    obj = node()
+    obj["metadata"]["annotations"] = {"lace-cni.io/mtu": "1450"}
+    assert parse_node(obj).mtu == 1450
+    obj["metadata"]["annotations"] = {"lace-cni.io/mtu": "15OO"}
+    error = rejected(parse_node, obj)
+    assert error.code == "invalid_mtu" and "68-65535" in str(error)
+
+
 NODE_ERRORS = [
     (_set("status.addresses", "10.0.0.1"), "status.addresses", "10.0.0.1", "invalid_type"),
     (
