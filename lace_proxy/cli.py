@@ -39,7 +39,9 @@ from lace_proxy.dataplane.nft import Nft, NftError, netns_prefix
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
 from lace_proxy.dataplane.routes import PolicyRoutes, RoutingSettings
 from lace_proxy.doctor import (
+    EgressReport,
     EgressSettingsView,
+    NodeReport,
     NodeSettingsView,
     diagnose_egress,
     diagnose_node,
@@ -60,7 +62,7 @@ from lace_proxy.explain import (
 from lace_proxy.health import ProxierHealth, ProxyServers, ServiceHealthServers
 from lace_proxy.metrics import ProxyMetrics
 from lace_proxy.model import EndpointSlice, LaceObject, Node, Rejections, Service
-from lace_proxy.model.load import load_manifests
+from lace_proxy.model.load import LoadResult, load_manifests
 from lace_proxy.networks import NetworkView
 from lace_proxy.networks.graph import NetworkGraph
 from lace_proxy.proxier import Proxier
@@ -791,6 +793,35 @@ def cmd_kernel(args: argparse.Namespace) -> int:
     return 0 if doc["inSync"] else 1
 
 
+class _DoctorInputError(Exception):
+    """Bad input for `doctor`: exit code 2 with this message."""
+
+
+def _doctor_inputs(args: argparse.Namespace) -> tuple[ProxyConfig, LoadResult | None]:
+    """The configuration and --manifests (if given) a doctor check reads."""
+    if (problem := _netns_problem(args.netns)) is not None:
+        raise _DoctorInputError(problem)
+    try:
+        cfg = config_from_args(args)
+    except ConfigError as exc:
+        raise _DoctorInputError(exc) from exc
+    if not cfg.lace.manifests:
+        return cfg, None
+    try:
+        return cfg, load_manifests(cfg.lace.manifests)
+    except FileNotFoundError as exc:
+        raise _DoctorInputError(f"manifests: no such file or folder: {cfg.lace.manifests}") from exc
+
+
+def _doctor_output(report: EgressReport | NodeReport, output: str) -> int:
+    if output == "json":
+        json.dump(report.to_dict(), sys.stdout, indent=2)
+        print()
+    else:
+        print(report.to_text())
+    return report.exit_code
+
+
 def cmd_doctor_egress(args: argparse.Namespace) -> int:
     def bad(message: object) -> int:
         print(f"lace-proxy: doctor egress: {message}", file=sys.stderr)
@@ -798,21 +829,12 @@ def cmd_doctor_egress(args: argparse.Namespace) -> int:
 
     try:
         pod, to = (str(ipaddress.ip_address(a)) for a in (args.pod, args.to))
-    except ValueError as exc:
-        return bad(exc)
-    if (problem := _netns_problem(args.netns)) is not None:
-        return bad(problem)
-    try:
-        cfg = config_from_args(args)
-    except ConfigError as exc:
+        cfg, loaded = _doctor_inputs(args)
+    except (ValueError, _DoctorInputError) as exc:
         return bad(exc)
     nodes: dict[str, list[str]] = {}
     pod_networks: list[str] = []
-    if cfg.lace.manifests:
-        try:
-            loaded = load_manifests(cfg.lace.manifests)
-        except FileNotFoundError:
-            return bad(f"manifests: no such file or folder: {cfg.lace.manifests}")
+    if loaded is not None:
         nodes = {
             name: [a for _, a in node.addresses]
             for name, node in loaded.nodes.items()
@@ -832,13 +854,7 @@ def cmd_doctor_egress(args: argparse.Namespace) -> int:
             snapshot = read_snapshot(ipr)
     except (OSError, NetlinkError) as exc:
         return bad(f"cannot read the routing table: {exc}")
-    report = diagnose_egress(snapshot, view, pod, to, nodes)
-    if args.output == "json":
-        json.dump(report.to_dict(), sys.stdout, indent=2)
-        print()
-    else:
-        print(report.to_text())
-    return report.exit_code
+    return _doctor_output(diagnose_egress(snapshot, view, pod, to, nodes), args.output)
 
 
 def cmd_doctor_node(args: argparse.Namespace) -> int:
@@ -846,43 +862,23 @@ def cmd_doctor_node(args: argparse.Namespace) -> int:
         print(f"lace-proxy: doctor node: {message}", file=sys.stderr)
         return 2
 
-    if (problem := _netns_problem(args.netns)) is not None:
-        return bad(problem)
     try:
-        cfg = config_from_args(args)
-    except ConfigError as exc:
+        cfg, loaded = _doctor_inputs(args)
+    except _DoctorInputError as exc:
         return bad(exc)
-    mtus: dict[str, int] = {}
-    own: int | None = None
-    if cfg.lace.manifests:
-        try:
-            loaded = load_manifests(cfg.lace.manifests)
-        except FileNotFoundError:
-            return bad(f"manifests: no such file or folder: {cfg.lace.manifests}")
-        for name, n in loaded.nodes.items():
-            if n.mtu is not None:
-                if name == cfg.hostname_override:
-                    own = n.mtu
-                else:
-                    mtus[name] = n.mtu
+    published = {name: n.mtu for name, n in (loaded.nodes if loaded else {}).items() if n.mtu}
     view = NodeSettingsView(
         mode=cfg.mode,
         scheduler=cfg.ipvs.scheduler,
         pod_interface_prefix=cfg.detect_local.interface_name_prefix,
-        node_mtus=mtus,
-        own_mtu=own,
+        node_mtus={n: m for n, m in published.items() if n != cfg.hostname_override},
+        own_mtu=published.get(cfg.hostname_override),
     )
     try:
         facts = read_node_facts(Nft(args.netns), args.netns)
     except (OSError, NetlinkError) as exc:
         return bad(f"cannot read the node's state: {exc}")
-    report = diagnose_node(facts, view)
-    if args.output == "json":
-        json.dump(report.to_dict(), sys.stdout, indent=2)
-        print()
-    else:
-        print(report.to_text())
-    return report.exit_code
+    return _doctor_output(diagnose_node(facts, view), args.output)
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
