@@ -11,6 +11,7 @@ retried with backoff; what was programmed keeps working meanwhile.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
@@ -19,6 +20,7 @@ import time
 from typing import Any
 
 from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import (
     RTMGRP_IPV4_IFADDR,
     RTMGRP_IPV4_ROUTE,
@@ -65,13 +67,15 @@ class EgressController:
         self._stop_r, self._stop_w = os.pipe()
         self._wake_r, self._wake_w = os.pipe()
         self._ready = threading.Event()
+        self._closed = False
 
     def set_pod_networks(self, prefixes: tuple[str, ...]) -> None:
         """The pod networks' prefixes changed (from the proxier's sync; any thread)."""
         prefixes = tuple(sorted(prefixes))
         if prefixes != self.pod_networks:
             self.pod_networks = prefixes
-            os.write(self._wake_w, b"x")
+            if not self._closed:
+                os.write(self._wake_w, b"x")
 
     def start(self) -> None:
         """Start following; returns once the first programming was attempted."""
@@ -80,28 +84,32 @@ class EgressController:
         self._ready.wait(10)
 
     def stop(self) -> None:
-        """Stop following (the table stays: connections keep their sources)."""
+        """Stop following (the table stays: connections keep their sources). Idempotent."""
+        if self._closed:
+            return
         if self._thread is not None:
             os.write(self._stop_w, b"x")
             self._thread.join(10)
             self._thread = None
+        self._closed = True
         for fd in (self._stop_r, self._stop_w, self._wake_r, self._wake_w):
             os.close(fd)
 
     def sync(self, *, force: bool = False) -> bool:
         """Read the routes and program the table if its ranges changed (or `force`); on the
         caller's thread, in the caller's namespace. True when the table is as wanted."""
-        with IPRoute() as ipr:
-            self.snapshot = read_snapshot(ipr)
-        ranges = {fam: self.snapshot.source_ranges(fam) for fam in (4, 6)}
-        pods = self.pod_networks
-        if ranges == self.programmed and pods == self._programmed_pods and not force:
-            return True
         try:
+            with IPRoute() as ipr:
+                self.snapshot = read_snapshot(ipr)
+            ranges = {fam: self.snapshot.source_ranges(fam) for fam in (4, 6)}
+            pods = self.pod_networks
+            if ranges == self.programmed and pods == self._programmed_pods and not force:
+                return True
             self.snat.apply(ranges, pods)
-        except NftError as exc:
+        except (NftError, NetlinkError, OSError) as exc:
             self.errors += 1
-            log.error("egress SNAT table refused (kept as it was; retrying): %s", exc)
+            what = "refused" if isinstance(exc, NftError) else "failed"
+            log.error("egress SNAT table %s (kept as it was; retrying): %s", what, exc)
             if self.metrics is not None:
                 self.metrics.record_egress_sync(False, 0)
             return False
@@ -114,16 +122,17 @@ class EgressController:
         return True
 
     def _run(self) -> None:
-        if self.netns is not None:
-            from pyroute2 import netns
-
-            netns.setns(self.netns)
-        events = IPRoute()
-        events.bind(groups=GROUPS)
         try:
-            self._loop(events)
-        finally:
-            events.close()
+            if self.netns is not None:
+                from pyroute2 import netns
+
+                netns.setns(self.netns)
+            with IPRoute() as events:
+                events.bind(groups=GROUPS)
+                self._loop(events)
+        except Exception:  # the table stays as programmed; say so loudly
+            log.exception("egress SNAT: route following stopped")
+            self._ready.set()
 
     def _loop(self, events: IPRoute) -> None:
         dirty, force, backoff = True, True, 1.0
@@ -153,10 +162,11 @@ class EgressController:
                 os.read(self._wake_r, 512)
                 dirty = True
             if events.fileno() in ready:
-                events.get()
-                time.sleep(self.debounce)  # a route change comes as a burst of messages
-                while select.select([events.fileno()], [], [], 0)[0]:
+                with contextlib.suppress(NetlinkError, OSError):  # e.g. ENOBUFS: re-read all
                     events.get()
+                    time.sleep(self.debounce)  # a route change comes as a burst of messages
+                    while select.select([events.fileno()], [], [], 0)[0]:
+                        events.get()
                 dirty = True
 
 

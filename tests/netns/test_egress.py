@@ -280,3 +280,24 @@ def test_doctor_flags_a_path_mtu_below_the_pods(
     assert "MTU to 1400 or less" in report["findings"][0]["action"]
     code, report = doctor(tb, tmp_path, capsys, LAB4)
     assert (code, codes(report)) == (0, [])
+
+
+def test_a_failing_nft_is_counted_retried_and_recovered(tb: EgressTestbed) -> None:
+    """nft cannot run (here: not installed where it is looked for): the failure is logged and
+    counted, the thread keeps retrying with backoff, and the table appears once nft works."""
+    ns = tb.nodes["node-a"].ns.name
+    metrics = ProxyMetrics()
+    snat = EgressSnat(EgressSettings(pod_cidrs=POD_CIDRS), Nft(ns, binary="/nonexistent/nft"))
+    controller = EgressController(snat, netns=ns, metrics=metrics)
+    controller.start()
+    try:
+        assert controller.errors >= 1 and controller.programmed is None
+        assert 'lace_proxy_egress_syncs_total{result="error"}' in metrics.exposition()[0].decode()
+        assert seen(tb, FAR4) == A1_4
+        snat.nft = Nft(ns)  # nft is installed
+        wait_for(lambda: seen(tb, FAR4) == NODE_A4, timeout=15)
+        wait_for(lambda: controller.syncs == 1)
+    finally:
+        controller.stop()
+        controller.stop()  # idempotent
+        snat.cleanup()
