@@ -828,10 +828,13 @@ def cmd_doctor_egress(args: argparse.Namespace) -> int:
         return 2
 
     try:
-        pod, to = (str(ipaddress.ip_address(a)) for a in (args.pod, args.to))
+        pod_ip, to_ip = ipaddress.ip_address(args.pod), ipaddress.ip_address(args.to)
         cfg, loaded = _doctor_inputs(args)
     except (ValueError, _DoctorInputError) as exc:
         return bad(exc)
+    if pod_ip.version != to_ip.version:
+        return bad(f"--pod {pod_ip} and --to {to_ip} are of different IP families")
+    pod, to = str(pod_ip), str(to_ip)
     nodes: dict[str, list[str]] = {}
     pod_networks: list[str] = []
     if loaded is not None:
@@ -876,8 +879,8 @@ def cmd_doctor_node(args: argparse.Namespace) -> int:
     )
     try:
         facts = read_node_facts(Nft(args.netns), args.netns)
-    except (OSError, NetlinkError) as exc:
-        return bad(f"cannot read the node's state: {exc}")
+    except Exception as exc:  # e.g. not root: no setns, no netlink, no nft
+        return bad(f"cannot read the node's state (run as root): {exc}")
     return _doctor_output(diagnose_node(facts, view), args.output)
 
 

@@ -770,6 +770,13 @@ def load_config(path: str | None, overrides: Mapping[str, object] | None = None)
 
 def _check(config: ProxyConfig, source: str) -> None:
     """Rules across fields, which no single field's parser can see."""
+    if config.lace.egress.table == config.lace.nftables.table:
+        raise ConfigError(
+            source,
+            "lace.egress.table",
+            f"{config.lace.egress.table!r} is lace.nftables.table too: the egress SNAT table "
+            "is rewritten whole, so it needs a name of its own",
+        )
     if config.min_sync_period > config.sync_period:
         raise ConfigError(
             source,

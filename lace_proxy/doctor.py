@@ -180,7 +180,7 @@ def diagnose_egress(
             )
         )
     node = _node_of(route.gateway, nodes or {})
-    if node is not None:
+    if node is not None and translated:
         findings.append(
             Finding(
                 "next_hop_is_a_node",
@@ -190,6 +190,16 @@ def diagnose_egress(
                 "this node, not to " + node,
                 f"route {route.dst} via a platform gateway of this node instead, or make sure "
                 f"{destination}'s network routes {source} back to this node",
+            )
+        )
+    elif node is not None:
+        findings.append(
+            Finding(
+                "next_hop_is_a_node",
+                NOTE,
+                f"the next hop {route.gateway} is node {node}: untranslated here, what "
+                f"{destination} sees depends on that node's own source NAT",
+                f"run `lace-proxy doctor egress` on {node} for the rest of the path",
             )
         )
     path_mtu = snapshot.mtu(route)
@@ -241,7 +251,6 @@ def _node_of(gateway: str | None, nodes: Mapping[str, Sequence[str]]) -> str | N
 NODE_SYSCTLS = (
     "net.ipv4.ip_forward",
     "net.ipv4.conf.all.rp_filter",
-    "net.ipv4.conf.default.rp_filter",
     "net.ipv4.conf.all.route_localnet",
     "net.netfilter.nf_conntrack_max",
     "net.netfilter.nf_conntrack_count",
@@ -339,9 +348,11 @@ def _conntrack(facts: NodeFacts) -> Check:
     if count is None or limit is None:
         return Check(
             "conntrack",
-            PROBLEM,
-            "no connection tracking (net.netfilter.nf_conntrack_max is missing)",
-            "load nf_conntrack (modprobe nf_conntrack): NAT and the service rules need it",
+            NOTE,
+            "connection tracking is not loaded yet (net.netfilter.nf_conntrack_max is missing;"
+            " nftables loads it with the first rule that needs it)",
+            "where modules cannot be loaded on demand: modprobe nf_conntrack (NAT and the "
+            "service rules need it)",
         )
     if limit and count > 0.9 * limit:
         return Check(
@@ -392,9 +403,11 @@ def _sysctls(facts: NodeFacts) -> list[Check]:
         )
     else:
         checks.append(Check("ip_forward", OK, "net.ipv4.ip_forward is 1"))
-    strict = [
-        k for k in ("net.ipv4.conf.all.rp_filter", "net.ipv4.conf.default.rp_filter") if get(k) == 1
-    ]
+    keys = ["net.ipv4.conf.all.rp_filter"]
+    if facts.uplink is not None:
+        keys.append(f"net.ipv4.conf.{facts.uplink}.rp_filter")
+    # The kernel applies the larger of `all` and the interface's own; 1 is strict.
+    strict = [k for k in keys if get(k) == 1] if max(get(k) or 0 for k in keys) == 1 else []
     if strict:
         checks.append(
             Check(
@@ -511,14 +524,15 @@ def read_node_facts(nft: Nft, netns: str | None = None) -> NodeFacts:
     """Read what doctor node checks, in `netns` (a thread enters it) or here; changes nothing."""
     if netns is None:
         return _read_facts(nft)
-    with ThreadPoolExecutor(1, initializer=_enter_netns, initargs=(netns,)) as worker:
-        return worker.submit(_read_facts, nft).result()
+    with ThreadPoolExecutor(1) as worker:
+        return worker.submit(_read_facts_in, netns, nft).result()
 
 
-def _enter_netns(name: str) -> None:
+def _read_facts_in(name: str, nft: Nft) -> NodeFacts:
     from pyroute2 import netns
 
-    netns.setns(name)
+    netns.setns(name, flags=0)  # never create it; the worker thread dies with the pool
+    return _read_facts(nft)
 
 
 def _read_facts(nft: Nft) -> NodeFacts:
@@ -527,18 +541,19 @@ def _read_facts(nft: Nft) -> NodeFacts:
         for item in nft.ruleset().get("nftables", []):
             if "table" in item:
                 tables.append((item["table"]["family"], item["table"]["name"]))
-            elif "chain" in item and str(item["chain"]["name"]).startswith("KUBE-"):
+            elif "chain" in item and _kube_proxy_chain(str(item["chain"]["name"])):
                 c = item["chain"]
                 chains.append(f"{c['family']} {c['table']} {c['name']}")
     except (NftError, OSError) as exc:
         nft_error = str(exc)
-    sysctls = {key: _sysctl(key) for key in NODE_SYSCTLS}
     ipvs = Path("/proc/thread-self/net/ip_vs").exists()
     with IPRoute() as ipr:
         snapshot = read_snapshot(ipr)
         links = ipr.link_lookup(ifname="kube-ipvs0")
     default = snapshot.lookup("0.0.0.0") or snapshot.lookup("::")
     uplink = default.interface if default and default.network.prefixlen == 0 else None
+    keys = [*NODE_SYSCTLS, *([f"net.ipv4.conf.{uplink}.rp_filter"] if uplink else [])]
+    sysctls = {key: _sysctl(key) for key in keys}
     kube_ipvs0 = None
     if links:
         on_it = {a.address for a in snapshot.addresses if a.interface == "kube-ipvs0"}
@@ -556,9 +571,36 @@ def _read_facts(nft: Nft) -> NodeFacts:
     )
 
 
+#: Chains kube-proxy's iptables and IPVS modes make (kubelet makes KUBE-FIREWALL,
+#: KUBE-MARK-DROP, KUBE-KUBELET-CANARY and KUBE-IPTABLES-HINT itself: not leftovers).
+KUBE_PROXY_CHAINS = (
+    "KUBE-SERVICES",
+    "KUBE-EXTERNAL-SERVICES",
+    "KUBE-NODEPORTS",
+    "KUBE-POSTROUTING",
+    "KUBE-MARK-MASQ",
+    "KUBE-FORWARD",
+    "KUBE-PROXY-CANARY",
+    "KUBE-PROXY-FIREWALL",
+    "KUBE-LOAD-BALANCER",
+    "KUBE-IPVS-FILTER",
+)
+KUBE_PROXY_CHAIN_PREFIXES = ("KUBE-SVC-", "KUBE-SEP-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-")
+
+
+def _kube_proxy_chain(name: str) -> bool:
+    return name in KUBE_PROXY_CHAINS or name.startswith(KUBE_PROXY_CHAIN_PREFIXES)
+
+
 def _sysctl(key: str) -> int | None:
+    head, _, rest = key.partition(".conf.")
+    if rest:  # an interface's name may hold dots itself (eth0.100)
+        name, _, leaf = rest.rpartition(".")
+        path = Path("/proc/sys", head.replace(".", "/"), "conf", name, leaf)
+    else:
+        path = Path("/proc/sys", key.replace(".", "/"))
     try:
-        return int(Path("/proc/sys", key.replace(".", "/")).read_text().split()[0])
+        return int(path.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
 

@@ -6,11 +6,13 @@
     map route-sources-v4  destination range -> the preferred source of its route
     chain postrouting     nat, priority srcnat + 10:
         ip saddr @pod-sources-v4 ip daddr != @no-snat-v4 snat ip to ip daddr map @route-sources-v4
+        ip saddr @pod-sources-v4 ip daddr != @no-snat-v4 masquerade
 
-(and the same for IPv6). A destination no route covers has no element: the map lookup
-fails and the packet is not translated (it has nowhere to go anyway). Service traffic that
-lace-proxy's own table masquerades (srcnat) is translated there first; a connection is
-translated once, so this table only sees the rest.
+(and the same for IPv6). A destination whose route has no source address lacks an element:
+the map lookup fails, the `snat` rule does not apply, and `masquerade` lets the kernel pick
+the outgoing interface's address (a NAT statement ends the chain, so only misses get there).
+Service traffic that lace-proxy's own table masquerades (srcnat) is translated there first;
+a connection is translated once, so this table only sees the rest.
 
 The table is small (one element per route): every change rewrites it whole in one atomic
 transaction. Established connections keep the source they were given (conntrack holds it);
@@ -77,10 +79,9 @@ class EgressSnat:
         ]
         for fam in FAMILIES:
             v, ip = f"v{fam}", ("ip" if fam == 4 else "ip6")
-            lines.append(
-                f"    {ip} saddr @pod-sources-{v} {ip} daddr != @no-snat-{v}"
-                f" snat {ip} to {ip} daddr map @route-sources-{v}"
-            )
+            match = f"{ip} saddr @pod-sources-{v} {ip} daddr != @no-snat-{v}"
+            lines.append(f"    {match} snat {ip} to {ip} daddr map @route-sources-{v}")
+            lines.append(f"    {match} masquerade")  # no range: the kernel's own choice
         lines += ["  }", "}"]
         return lines
 

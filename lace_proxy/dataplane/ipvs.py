@@ -581,7 +581,7 @@ def _unicast(address: str) -> bool:
 def _enter_netns(name: str) -> None:
     from pyroute2 import netns
 
-    netns.setns(name)
+    netns.setns(name, flags=0)  # never create it
 
 
 def _call(fn: Callable[..., Any], command: str, **kwargs: Any) -> None:

@@ -31,7 +31,7 @@ from pyroute2.netlink.rtnl import (
 
 from lace_proxy.dataplane.egress import EgressSnat, Ranges
 from lace_proxy.dataplane.nft import NftError
-from lace_proxy.egress.routing import RoutingSnapshot, read_snapshot
+from lace_proxy.egress.routing import read_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,6 @@ class EgressController:
         self.resync = resync
         self.debounce = debounce
         self.programmed: Ranges | None = None  # what the table holds (None: not yet)
-        self.snapshot = RoutingSnapshot()
         self.syncs = 0  # programmings so far (tests wait on it)
         self.errors = 0
         self.pod_networks: tuple[str, ...] = ()  # the Lace pod networks' prefixes
@@ -66,19 +65,24 @@ class EgressController:
         self._thread: threading.Thread | None = None
         self._stop_r, self._stop_w = os.pipe()
         self._wake_r, self._wake_w = os.pipe()
+        for fd in (self._stop_w, self._wake_w, self._wake_r):
+            os.set_blocking(fd, False)
+        self._lock = threading.Lock()
         self._ready = threading.Event()
         self._closed = False
+        self._dirty = self._force = True
 
     def set_pod_networks(self, prefixes: tuple[str, ...]) -> None:
         """The pod networks' prefixes changed (from the proxier's sync; any thread)."""
         prefixes = tuple(sorted(prefixes))
         if prefixes != self.pod_networks:
             self.pod_networks = prefixes
-            if not self._closed:
-                os.write(self._wake_w, b"x")
+            self._poke(self._wake_w)
 
     def start(self) -> None:
         """Start following; returns once the first programming was attempted."""
+        if self._closed or self._thread is not None:
+            raise RuntimeError("the egress controller runs once")
         self._thread = threading.Thread(target=self._run, name="lace-egress", daemon=True)
         self._thread.start()
         self._ready.wait(10)
@@ -87,26 +91,34 @@ class EgressController:
         """Stop following (the table stays: connections keep their sources). Idempotent."""
         if self._closed:
             return
-        if self._thread is not None:
-            os.write(self._stop_w, b"x")
-            self._thread.join(10)
-            self._thread = None
-        self._closed = True
-        for fd in (self._stop_r, self._stop_w, self._wake_r, self._wake_w):
-            os.close(fd)
+        self._poke(self._stop_w)
+        thread = self._thread
+        if thread is not None:
+            thread.join(10)
+        with self._lock:
+            self._closed = True
+            if thread is None or not thread.is_alive():  # else it may still select on them
+                for fd in (self._stop_r, self._stop_w, self._wake_r, self._wake_w):
+                    os.close(fd)
+
+    def _poke(self, fd: int) -> None:
+        """Wake the thread (never blocks: a full pipe already wakes it)."""
+        with self._lock, contextlib.suppress(BlockingIOError):
+            if not self._closed:
+                os.write(fd, b"x")
 
     def sync(self, *, force: bool = False) -> bool:
         """Read the routes and program the table if its ranges changed (or `force`); on the
         caller's thread, in the caller's namespace. True when the table is as wanted."""
         try:
             with IPRoute() as ipr:
-                self.snapshot = read_snapshot(ipr)
-            ranges = {fam: self.snapshot.source_ranges(fam) for fam in (4, 6)}
+                snapshot = read_snapshot(ipr)
+            ranges = {fam: snapshot.source_ranges(fam) for fam in (4, 6)}
             pods = self.pod_networks
             if ranges == self.programmed and pods == self._programmed_pods and not force:
                 return True
             self.snat.apply(ranges, pods)
-        except (NftError, NetlinkError, OSError) as exc:
+        except Exception as exc:  # counted and retried: the thread must go on following
             self.errors += 1
             what = "refused" if isinstance(exc, NftError) else "failed"
             log.error("egress SNAT table %s (kept as it was; retrying): %s", what, exc)
@@ -126,30 +138,41 @@ class EgressController:
             if self.netns is not None:
                 from pyroute2 import netns
 
-                netns.setns(self.netns)
-            with IPRoute() as events:
-                events.bind(groups=GROUPS)
-                self._loop(events)
-        except Exception:  # the table stays as programmed; say so loudly
-            log.exception("egress SNAT: route following stopped")
+                netns.setns(self.netns, flags=0)  # never create it
+        except OSError:
+            log.exception("egress SNAT: cannot enter network namespace %s", self.netns)
             self._ready.set()
+            return
+        while True:
+            events = IPRoute()
+            try:
+                events.bind(groups=GROUPS)
+                if self._loop(events):
+                    return
+            except (NetlinkError, OSError) as exc:  # e.g. ENOBUFS: the socket stays broken
+                log.warning("egress SNAT: route events lost (%s); listening anew", exc)
+                self._dirty = True
+                time.sleep(self.debounce)
+            finally:
+                with contextlib.suppress(Exception):
+                    events.close()
 
-    def _loop(self, events: IPRoute) -> None:
-        dirty, force, backoff = True, True, 1.0
+    def _loop(self, events: IPRoute) -> bool:
+        """Follow until stopped (True) or the event socket fails (raises)."""
+        backoff, retry_at = 1.0, 0.0
         next_full = time.monotonic() + self.resync
-        retry_at = 0.0
         while True:
             now = time.monotonic()
             if now >= next_full:
-                dirty, force, next_full = True, True, now + self.resync
-            if dirty and now >= retry_at:
-                if self.sync(force=force):
-                    dirty = force = False
+                self._dirty, self._force, next_full = True, True, now + self.resync
+            if self._dirty and now >= retry_at:
+                if self.sync(force=self._force):
+                    self._dirty = self._force = False
                     backoff = 1.0
                 else:
                     retry_at, backoff = now + backoff, min(backoff * 2, MAX_BACKOFF)
                 self._ready.set()
-            wake = next_full if not dirty else min(next_full, max(retry_at, now + 0.05))
+            wake = next_full if not self._dirty else min(next_full, max(retry_at, now + 0.05))
             ready, _, _ = select.select(
                 [events.fileno(), self._stop_r, self._wake_r],
                 [],
@@ -157,17 +180,17 @@ class EgressController:
                 max(0.0, wake - time.monotonic()),
             )
             if self._stop_r in ready:
-                return
+                return True
             if self._wake_r in ready:
-                os.read(self._wake_r, 512)
-                dirty = True
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._wake_r, 512)
+                self._dirty = True
             if events.fileno() in ready:
-                with contextlib.suppress(NetlinkError, OSError):  # e.g. ENOBUFS: re-read all
+                self._dirty = True  # set first: a failing read below still re-reads all
+                events.get()
+                time.sleep(self.debounce)  # a route change comes as a burst of messages
+                while select.select([events.fileno()], [], [], 0)[0]:
                     events.get()
-                    time.sleep(self.debounce)  # a route change comes as a burst of messages
-                    while select.select([events.fileno()], [], [], 0)[0]:
-                        events.get()
-                dirty = True
 
 
 def _describe(ranges: Ranges) -> str:

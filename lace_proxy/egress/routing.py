@@ -6,7 +6,8 @@ then queried without the kernel, so the SNAT ranges and `doctor egress` agree wi
 other. The preferred source of a route is its `src` (RTA_PREFSRC) when it has one, else
 what the kernel picks for the node's own packets on that route: an address of the outgoing
 interface in the gateway's (or destination's) subnet, else that interface's first primary
-address of global scope.
+address of global scope; with none, no source (the SNAT table then masquerades, leaving the
+choice to the kernel). IPv6 source selection is approximated the same way (not RFC 6724).
 
 Only the main table's unicast routes count (policy rules that send pod traffic elsewhere are
 not followed); of a multipath route, the first next hop.
@@ -14,6 +15,7 @@ not followed); of a multipath route, the first next hop.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import itertools
 import socket
@@ -43,7 +45,7 @@ class Route:
     metric: int = 0
     mtu: int = 0  # the route's own MTU (0: the interface's)
 
-    @property
+    @functools.cached_property
     def network(self) -> IPNetwork:
         return ipaddress.ip_network(self.dst)
 
@@ -74,17 +76,26 @@ class RoutingSnapshot:
     def lookup(self, destination: str) -> Route | None:
         """The route the node selects for `destination`: longest prefix, then lowest metric."""
         ip = ipaddress.ip_address(destination)
-        best: Route | None = None
-        for route in self.routes:
+        value, bits = int(ip), ip.max_prefixlen
+        for prefixlen, by_network in self._index.get(ip.version, ()):
+            route = by_network.get(value >> (bits - prefixlen) if prefixlen else 0)
+            if route is not None:
+                return route
+        return None
+
+    @functools.cached_property
+    def _index(self) -> dict[int, list[tuple[int, dict[int, Route]]]]:
+        """Per family, the prefix lengths longest first, each with its networks' best route
+        (lowest metric): a lookup is one dict probe per length, not a scan of every route."""
+        by_length: dict[tuple[int, int], dict[int, Route]] = {}
+        for route in sorted(self.routes, key=lambda r: -r.metric):  # lower metrics win
             net = route.network
-            if net.version != ip.version or ip not in net:
-                continue
-            if best is None or (net.prefixlen, -route.metric) > (
-                best.network.prefixlen,
-                -best.metric,
-            ):
-                best = route
-        return best
+            key = int(net.network_address) >> (net.max_prefixlen - net.prefixlen)
+            by_length.setdefault((net.version, net.prefixlen), {})[key] = route
+        index: dict[int, list[tuple[int, dict[int, Route]]]] = {}
+        for (version, prefixlen), networks in sorted(by_length.items(), key=lambda i: -i[0][1]):
+            index.setdefault(version, []).append((prefixlen, networks))
+        return index
 
     def source(self, route: Route) -> str | None:
         """The route's preferred source address (see the module docstring)."""
@@ -108,11 +119,6 @@ class RoutingSnapshot:
     def mtu(self, route: Route) -> int:
         """The path MTU the route gives: its own, else its interface's (0: unknown)."""
         return route.mtu or dict(self.mtus).get(route.interface, 0)
-
-    def interface_of(self, address: str) -> str | None:
-        """The interface whose route a (local) address is reached through, e.g. a pod's veth."""
-        route = self.lookup(address)
-        return route.interface if route else None
 
     def source_ranges(self, family: int) -> list[tuple[str, str, str]]:
         """Disjoint (first, last, source) address ranges covering every destination of

@@ -63,6 +63,8 @@ def test_doctor_node_finds_leftovers_sysctls_and_mtus(
     sh(tb.node, ["nft", "add", "table", "ip", "kube-proxy"])
     sh(tb.node, ["nft", "add", "table", "ip", "nat"])
     sh(tb.node, ["nft", "add", "chain", "ip", "nat", "KUBE-SERVICES"])
+    sh(tb.node, ["nft", "add", "chain", "ip", "nat", "KUBE-KUBELET-CANARY"])  # kubelet's own
+    sh(tb.node, ["sysctl", "-qw", "net.ipv4.conf.gw0.rp_filter=1"])
     sh(tb.node, ["ip", "link", "add", "kube-ipvs0", "type", "veth", "peer", "name", "kipvs-peer"])
     sh(tb.node, ["ip", "addr", "add", "10.96.0.1/32", "dev", "kube-ipvs0"])
     sh(tb.node, ["sysctl", "-qw", "net.ipv4.ip_forward=0"])
@@ -78,7 +80,9 @@ def test_doctor_node_finds_leftovers_sysctls_and_mtus(
         "mtu",
     }
     assert "ip kube-proxy" in checks["kube_proxy_nftables"]["message"]
-    assert "ip nat KUBE-SERVICES" in checks["kube_proxy_iptables"]["message"]
+    assert "(1: ip nat KUBE-SERVICES)" in checks["kube_proxy_iptables"]["message"]
+    assert checks["rp_filter"]["status"] == "note"  # the uplink's own setting counts
+    assert "net.ipv4.conf.gw0.rp_filter" in checks["rp_filter"]["message"]
     assert "kube-proxy --cleanup" in checks["kube_ipvs0"]["action"]
     assert checks["ip_forward"]["action"] == "set net.ipv4.ip_forward=1"
 

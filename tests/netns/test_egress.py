@@ -301,3 +301,25 @@ def test_a_failing_nft_is_counted_retried_and_recovered(tb: EgressTestbed) -> No
         controller.stop()
         controller.stop()  # idempotent
         snat.cleanup()
+
+
+def test_a_route_without_a_source_is_masqueraded(
+    tb: EgressTestbed, start: Callable[..., EgressController]
+) -> None:
+    """A route out of an interface without addresses has no preferred source: no map element,
+    so the fallback `masquerade` lets the kernel choose (conntrack shows the translation)."""
+    node = tb.nodes["node-a"]
+    tb.exec(node, ["ip", "link", "add", "nx0", "type", "veth", "peer", "name", "nx1"])
+    try:
+        for link in ("nx0", "nx1"):
+            tb.exec(node, ["ip", "link", "set", link, "up"])
+        tb.exec(node, ["ip", "route", "add", "198.18.9.0/24", "dev", "nx0"])
+        controller = start()
+        wait_for(lambda: source_of(controller, "198.18.9.1") is None and controller.syncs > 0)
+        request_udp(tb.pods["a1"], "198.18.9.1", 8080, timeout=0.2)
+        flows = tb.exec(node, ["conntrack", "-L", "-p", "udp", "-d", "198.18.9.1"]).stdout
+        assert f"src={A1_4}" in flows, flows
+        reply_dst = flows.split("src=198.18.9.1 dst=")[1].split()[0]
+        assert reply_dst != A1_4, flows  # translated, by the kernel's choice
+    finally:
+        tb.exec(node, ["ip", "link", "del", "nx0"])

@@ -439,6 +439,13 @@ def test_error_message_format(write: Writer) -> None:
             '"10.0.0.0/33" is not a CIDR',
         ),
         ("lace: {routing: {table: 254}}\n", "lace.routing.table", "default/main/local"),
+        ("lace: {egress: {table: lace-proxy}}\n", "lace.egress.table", "a name of its own"),
+        ("lace: {egress: {enabled: 1}}\n", "lace.egress.enabled", "1 is not a boolean"),
+        (
+            "lace: {egress: {nonMasqueradeCIDRs: [10.0.0.0/33]}}\n",
+            "lace.egress.nonMasqueradeCIDRs[0]",
+            '"10.0.0.0/33" is not a CIDR',
+        ),
         ("lace: {routing: {table: 0}}\n", "lace.routing.table", "an integer from 1"),
         ("lace: {routing: {priority: 32766}}\n", "lace.routing.priority", "from 1 to 32765"),
         (
