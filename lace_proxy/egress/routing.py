@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-import itertools
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from lace_proxy.prefixes import disjoint_ranges
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -124,26 +125,14 @@ class RoutingSnapshot:
         """Disjoint (first, last, source) address ranges covering every destination of
         `family` that has a route with a preferred source: the SNAT map.
 
-        Every route's bounds split the space into pieces no route boundary crosses, so one
-        lookup per piece answers for all of it; neighbours with the same source merge.
+        The routes' longest-prefix match flattened (`lace_proxy.prefixes`).
         """
-        make = ipaddress.IPv4Address if family == 4 else ipaddress.IPv6Address
-        bounds: set[int] = set()
-        for route in self.routes:
-            net = route.network
-            if net.version == family:
-                bounds.update((int(net.network_address), int(net.broadcast_address) + 1))
-        pieces: list[list[Any]] = []
-        for start, end in itertools.pairwise(sorted(bounds)):
-            route = self.lookup(str(make(start)))
-            source = self.source(route) if route else None
-            if source is None:
-                continue
-            if pieces and pieces[-1][2] == source and pieces[-1][1] == start - 1:
-                pieces[-1][1] = end - 1
-            else:
-                pieces.append([start, end - 1, source])
-        return [(str(make(a)), str(make(b)), s) for a, b, s in pieces]
+
+        def source_of(address: str) -> str | None:
+            route = self.lookup(address)
+            return self.source(route) if route else None
+
+        return disjoint_ranges(family, (r.network for r in self.routes), source_of)
 
 
 def read_snapshot(ipr: Any) -> RoutingSnapshot:

@@ -15,7 +15,6 @@ them, not thousands); what it answers per service is cheap.
 from __future__ import annotations
 
 import ipaddress
-import itertools
 import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from lace_proxy.model.lace import (
     NetworkRoutingPolicy,
     ServiceRoutingPolicy,
 )
+from lace_proxy.prefixes import disjoint_ranges
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -281,26 +281,11 @@ class NetworkGraph:
     def _ranges(self, family: int) -> list[tuple[int, str, str, str]]:
         """Disjoint (family, first, last, network) ranges that classify as `classify` does.
 
-        Every prefix's bounds split the address space into pieces no prefix boundary
-        crosses, so one lookup per piece classifies all of it; neighbours of one network merge.
+        The prefixes' longest-prefix match flattened (`lace_proxy.prefixes`).
         """
-        make = ipaddress.IPv4Address if family == 4 else ipaddress.IPv6Address
-        bounds: set[int] = set()
-        for prefix, _ in (*self._pod_prefixes, *self._external_prefixes):
-            if prefix.version == family:
-                bounds.add(int(prefix.network_address))
-                bounds.add(int(prefix.broadcast_address) + 1)
-        edges = sorted(bounds)
-        pieces: list[list[Any]] = []
-        for start, end in itertools.pairwise(edges):
-            network = self.classify(str(make(start)))
-            if network is None:
-                continue
-            if pieces and pieces[-1][2] == network and pieces[-1][1] == start - 1:
-                pieces[-1][1] = end - 1
-            else:
-                pieces.append([start, end - 1, network])
-        return [(family, str(make(a)), str(make(b)), n) for a, b, n in pieces]
+        prefixes = (p for p, _ in (*self._pod_prefixes, *self._external_prefixes))
+        ranges = disjoint_ranges(family, prefixes, self.classify)
+        return [(family, first, last, network) for first, last, network in ranges]
 
     def contains(self, network: str, address: str) -> bool:
         """Whether an endpoint address lies in a network's prefixes."""
