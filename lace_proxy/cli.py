@@ -1108,7 +1108,8 @@ For a new connection from a pod of this node to DEST, read this node's routing t
                source-NATs it (a pod: in clusterCIDR or a Lace pod network of
                --manifests; a destination outside them and
                lace.egress.nonMasqueradeCIDRs), else the pod's own
-  findings     no_route; source_not_routable (outside lace.egress.routablePrefixes);
+  findings     no_route; dropped_by_route (a blackhole/unreachable/prohibit route);
+               source_not_routable (outside lace.egress.routablePrefixes);
                next_hop_is_a_node (another cluster node forwards without re-sourcing;
                nodes from the Node objects in --manifests); mtu_mismatch (the pod's
                interface MTU above the path's); notes: not_a_pod_address,

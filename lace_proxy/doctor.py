@@ -76,6 +76,7 @@ class EgressReport:
         if self.route is not None:
             r = self.route
             route = {
+                "kind": r.kind,
                 "dst": r.dst,
                 "gateway": r.gateway,
                 "interface": r.interface,
@@ -101,7 +102,8 @@ class EgressReport:
         else:
             via = f" via {r.gateway}" if r.gateway else ""
             src = f" src {r.prefsrc}" if r.prefsrc else ""
-            route = f"{r.dst}{via} dev {r.interface}{src}" + (
+            dev = f" dev {r.interface}" if r.interface else ""
+            route = f"{r.kind + ' ' if r.kind != 'unicast' else ''}{r.dst}{via}{dev}{src}" + (
                 f" metric {r.metric}" if r.metric else ""
             )
         lines = [
@@ -143,6 +145,20 @@ def diagnose_egress(
         )
         return EgressReport(pod, destination, None, False, None, "no route", 0, tuple(findings))
 
+    if route.kind != "unicast":
+        findings.append(
+            Finding(
+                "dropped_by_route",
+                PROBLEM,
+                f"the node's route to {destination} is `{route.kind} {route.dst}`: the packet "
+                "is dropped here",
+                f"remove or narrow the {route.kind} route {route.dst} if {destination} "
+                "should be reachable",
+            )
+        )
+        return EgressReport(
+            pod, destination, route, False, None, f"{route.kind} route", 0, tuple(findings)
+        )
     translated, source, why = _translation(snapshot, settings, route, pod, destination)
     if not covered(pod, settings.pod_cidrs) and settings.pod_cidrs:
         findings.append(

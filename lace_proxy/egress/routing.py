@@ -29,6 +29,7 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 MAIN_TABLE = 254
 RTN_UNICAST = 1
+DROPPING = {6: "blackhole", 7: "unreachable", 8: "prohibit"}  # RTN_* route types
 RT_SCOPE_UNIVERSE = 0
 IFA_F_SECONDARY = 0x01
 RTAX_MTU = "RTAX_MTU"
@@ -37,7 +38,8 @@ _FAMILY = {socket.AF_INET: 4, socket.AF_INET6: 6}
 
 @dataclass(frozen=True)
 class Route:
-    """A unicast route of the main table."""
+    """A route of the main table: unicast, or one that drops (blackhole, unreachable,
+    prohibit: no interface, no source)."""
 
     dst: str  # a CIDR ("0.0.0.0/0" for the default route)
     gateway: str | None
@@ -45,6 +47,7 @@ class Route:
     prefsrc: str | None
     metric: int = 0
     mtu: int = 0  # the route's own MTU (0: the interface's)
+    kind: str = "unicast"  # or "blackhole", "unreachable", "prohibit"
 
     @functools.cached_property
     def network(self) -> IPNetwork:
@@ -100,6 +103,8 @@ class RoutingSnapshot:
 
     def source(self, route: Route) -> str | None:
         """The route's preferred source address (see the module docstring)."""
+        if route.kind != "unicast":
+            return None
         if route.prefsrc:
             return route.prefsrc
         version = route.network.version
@@ -167,10 +172,16 @@ def read_snapshot(ipr: Any) -> RoutingSnapshot:
 
 
 def _route(msg: Any, names: dict[int, str]) -> Route | None:
-    if int(msg["type"]) != RTN_UNICAST or msg.get("RTA_TABLE", MAIN_TABLE) != MAIN_TABLE:
+    kind = DROPPING.get(int(msg["type"]), "unicast")
+    if int(msg["type"]) != RTN_UNICAST and kind == "unicast":
+        return None  # local, broadcast, multicast, ...: not where pod traffic goes out
+    if msg.get("RTA_TABLE", MAIN_TABLE) != MAIN_TABLE:
         return None
     version = _FAMILY[int(msg["family"])]
     dst = msg.get("RTA_DST") or ("0.0.0.0" if version == 4 else "::")
+    network = str(ipaddress.ip_network(f"{dst}/{msg['dst_len']}", strict=False))
+    if kind != "unicast":
+        return Route(network, None, "", None, int(msg.get("RTA_PRIORITY") or 0), kind=kind)
     gateway, oif = msg.get("RTA_GATEWAY"), msg.get("RTA_OIF")
     multipath = msg.get("RTA_MULTIPATH")
     if oif is None and multipath:  # ECMP: the first next hop
@@ -181,7 +192,7 @@ def _route(msg: Any, names: dict[int, str]) -> Route | None:
     metrics = msg.get("RTA_METRICS")
     mtu = int(metrics.get(RTAX_MTU) or 0) if metrics is not None else 0
     return Route(
-        str(ipaddress.ip_network(f"{dst}/{msg['dst_len']}", strict=False)),
+        network,
         str(gateway) if gateway else None,
         names[int(oif)],
         str(msg.get("RTA_PREFSRC")) if msg.get("RTA_PREFSRC") else None,

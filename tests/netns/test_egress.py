@@ -266,6 +266,21 @@ def test_doctor_flags_another_node_as_the_next_hop(
     assert "node node-b, which forwards without re-sourcing" in report["findings"][0]["message"]
 
 
+def test_doctor_says_where_a_blackhole_route_drops_it(
+    tb: EgressTestbed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    node = tb.nodes["node-a"]
+    tb.exec(node, ["ip", "route", "add", "blackhole", "198.18.0.128/25"])
+    try:
+        code, report = doctor(tb, tmp_path, capsys, "198.18.0.200")
+        assert (code, codes(report)) == (1, ["dropped_by_route"])
+        assert report["route"]["kind"] == "blackhole" and report["source"] is None
+        code, report = doctor(tb, tmp_path, capsys, LAB4)  # the rest of the /24 still goes out
+        assert (code, report["source"]) == (0, UPLINK_A4)
+    finally:
+        tb.exec(node, ["ip", "route", "del", "blackhole", "198.18.0.128/25"])
+
+
 def test_doctor_flags_a_path_mtu_below_the_pods(
     tb: EgressTestbed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

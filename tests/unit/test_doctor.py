@@ -89,3 +89,18 @@ def test_doctor_node_on_facts_given_as_data() -> None:
     assert statuses(diagnose_node(replace(FINE, uplink=None), ipvs))["mtu"] == "note"
     text = diagnose_node(replace(FINE, tables=(("ip", "kube-proxy"),)), ipvs).to_text()
     assert "problem      kube_proxy_nftables: kube-proxy's nftables tables are here" in text
+
+
+def test_a_dropping_route_is_where_the_packet_ends() -> None:
+    dropping = RoutingSnapshot(
+        routes=(*SNAPSHOT.routes, Route("198.18.0.128/25", None, "", None, kind="blackhole")),
+        addresses=SNAPSHOT.addresses,
+        mtus=SNAPSHOT.mtus,
+    )
+    report = diagnose_egress(dropping, ON, POD, "198.18.0.200")
+    assert [f.code for f in report.findings] == ["dropped_by_route"]
+    assert report.exit_code == 1 and report.source is None
+    assert "route        blackhole 198.18.0.128/25" in report.to_text()
+    assert diagnose_egress(dropping, ON, POD, "198.18.0.9").source == "192.0.2.11"
+    # No SNAT element for it either (the kernel drops it before postrouting anyway).
+    assert [a for a, _, _ in dropping.source_ranges(4)].count("198.18.0.128") == 0
