@@ -845,12 +845,12 @@ def cmd_doctor_egress(args: argparse.Namespace) -> int:
         }
         layout = NetworkGraph(loaded.lace.values()).layout()
         pod_networks = [prefix for prefix, _ in layout.pod_prefixes]
-    e = cfg.lace.egress
+    snat = egress_settings(cfg)  # as `run` programs it, plus the pod networks it is told
     view = EgressSettingsView(
-        enabled=e.enabled,
-        pod_cidrs=(*(str(n) for n in cfg.cluster_cidr), *pod_networks),
-        non_masquerade_cidrs=tuple(str(n) for n in e.non_masquerade_cidrs),
-        routable_prefixes=tuple(str(n) for n in e.routable_prefixes),
+        enabled=cfg.lace.egress.enabled,
+        pod_cidrs=(*snat.pod_cidrs, *pod_networks),
+        non_masquerade_cidrs=snat.non_masquerade_cidrs,
+        routable_prefixes=tuple(str(n) for n in cfg.lace.egress.routable_prefixes),
     )
     try:
         with IPRoute(**({"netns": args.netns} if args.netns else {})) as ipr:

@@ -22,7 +22,7 @@ from typing import Any
 from pyroute2 import IPRoute
 
 from lace_proxy.dataplane.ipvs import virtual_services
-from lace_proxy.dataplane.nft import Nft, NftError
+from lace_proxy.dataplane.nft import Nft, NftError, enter_netns
 from lace_proxy.egress.routing import Route, RoutingSnapshot, covered, read_snapshot
 
 PROBLEM, NOTE = "problem", "note"
@@ -545,9 +545,7 @@ def read_node_facts(nft: Nft, netns: str | None = None) -> NodeFacts:
 
 
 def _read_facts_in(name: str, nft: Nft) -> NodeFacts:
-    from pyroute2 import netns
-
-    netns.setns(name, flags=0)  # never create it; the worker thread dies with the pool
+    enter_netns(name)  # the worker thread dies with the pool
     return _read_facts(nft)
 
 

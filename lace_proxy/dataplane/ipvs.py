@@ -37,6 +37,7 @@ from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST, genlmsg
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.generic import ipvs as genl_ipvs
 
+from lace_proxy.dataplane.nft import enter_netns
 from lace_proxy.dataplane.nftables import NO_NETWORKS, NftablesBackend
 from lace_proxy.networks.graph import NetworkLayout
 from lace_proxy.table import Changeset
@@ -220,7 +221,7 @@ class IpvsBackend:
         self._clock = clock
         # Kernel calls run on one thread that lives in the namespace (tests; production: here).
         self._worker = (
-            ThreadPoolExecutor(1, initializer=_enter_netns, initargs=(netns,)) if netns else None
+            ThreadPoolExecutor(1, initializer=enter_netns, initargs=(netns,)) if netns else None
         )
         self._exclude = tuple(ipaddress.ip_network(c, strict=False) for c in settings.exclude_cidrs)
         self._programmed: dict[VirtualServer, Target] = {}
@@ -576,12 +577,6 @@ def _unicast(address: str) -> bool:
     """IPVS refuses multicast, unspecified and IPv6 link-local real servers."""
     ip = ipaddress.ip_address(address)
     return not (ip.is_multicast or ip.is_unspecified or (ip.version == 6 and ip.is_link_local))
-
-
-def _enter_netns(name: str) -> None:
-    from pyroute2 import netns
-
-    netns.setns(name, flags=0)  # never create it
 
 
 def _call(fn: Callable[..., Any], command: str, **kwargs: Any) -> None:

@@ -27,6 +27,14 @@ def netns_prefix(netns: str | None) -> list[str]:
     return ["ip", "netns", "exec", netns]
 
 
+def enter_netns(name: str) -> None:
+    """Move the calling thread into a named network namespace (never creating it: pyroute2's
+    default would). Sockets it opens afterwards, and /proc/thread-self/net, are that one's."""
+    from pyroute2 import netns
+
+    netns.setns(name, flags=0)
+
+
 class NftError(RuntimeError):
     """The kernel (or nft) refused a transaction; nothing of it was applied."""
 

@@ -30,7 +30,7 @@ from pyroute2.netlink.rtnl import (
 )
 
 from lace_proxy.dataplane.egress import EgressSnat, Ranges
-from lace_proxy.dataplane.nft import NftError
+from lace_proxy.dataplane.nft import NftError, enter_netns
 from lace_proxy.egress.routing import read_snapshot
 
 log = logging.getLogger(__name__)
@@ -136,9 +136,7 @@ class EgressController:
     def _run(self) -> None:
         try:
             if self.netns is not None:
-                from pyroute2 import netns
-
-                netns.setns(self.netns, flags=0)  # never create it
+                enter_netns(self.netns)
         except OSError:
             log.exception("egress SNAT: cannot enter network namespace %s", self.netns)
             self._ready.set()

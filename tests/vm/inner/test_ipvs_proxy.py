@@ -77,6 +77,15 @@ def web(tb: Testbed, **spec: object) -> list[dict[str, object]]:
     return [svc, endpoints("web", tb.pods), endpoints("web", tb.pods, v6=True)]
 
 
+def drop_the_third_endpoint(proxy: Harness, tb: Testbed) -> None:
+    """All three pods answer `web`; then pod3 leaves its endpoints (a real server to drain)."""
+    assert set(names(many(tb.client, VIP4, 80, n=12))) == {"pod1", "pod2", "pod3"}
+    objs = web(tb)
+    objs[1] = endpoints("web", tb.pods[:2])
+    proxy.write("web", *objs)
+    proxy.sync()
+
+
 def test_every_frontend_kind_is_balanced_by_ipvs(proxy: Harness, tb: Testbed) -> None:
     proxy.write("web", *web(tb))
     proxy.sync()
@@ -172,11 +181,7 @@ def test_after_the_grace_period_a_removed_endpoint_is_gone(tb: Testbed, tmp_path
     try:
         proxy.write("web", *web(tb))
         proxy.sync()
-        assert set(names(many(tb.client, VIP4, 80, n=12))) == {"pod1", "pod2", "pod3"}
-        objs = web(tb)
-        objs[1] = endpoints("web", tb.pods[:2])
-        proxy.write("web", *objs)
-        proxy.sync()
+        drop_the_third_endpoint(proxy, tb)
         servers = {server for server, _ in ipvsadm(tb)[f"TCP {VIP4}:80"][1]}
         assert servers == {"10.251.0.11:8080", "10.251.0.12:8080"}
     finally:
@@ -243,11 +248,7 @@ def test_a_service_deleted_while_a_server_drains_and_node_ports_out_of_range(
         endpoints("odd", tb.pods[:1]),
     )
     proxy.sync()
-    assert set(names(many(tb.client, VIP4, 80, n=12))) == {"pod1", "pod2", "pod3"}
-    objs = web(tb)
-    objs[1] = endpoints("web", tb.pods[:2])
-    proxy.write("web", *objs)
-    proxy.sync()
+    drop_the_third_endpoint(proxy, tb)
     assert dict(ipvsadm(tb)[key][1]).get("10.251.0.13:8080") == 0  # draining
     proxy.remove("web")
     proxy.sync()  # the draining server's service goes with it
