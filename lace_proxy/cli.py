@@ -17,11 +17,12 @@ from concurrent.futures import BrokenExecutor
 from pathlib import Path
 from typing import Any
 
+import yaml
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netns import NETNS_RUN_DIR
 
-from lace_proxy import __version__, implementation
+from lace_proxy import __version__, implementation, inventory, state_socket
 from lace_proxy.config import ConfigError, ProxyConfig, add_config_flags, config_from_args
 from lace_proxy.dataplane.conntrack import Conntrack
 from lace_proxy.dataplane.egress import EgressSettings, EgressSnat
@@ -61,6 +62,7 @@ from lace_proxy.explain import (
 )
 from lace_proxy.health import ProxierHealth, ProxyServers, ServiceHealthServers
 from lace_proxy.metrics import ProxyMetrics
+from lace_proxy.migration import remove_kube_proxy
 from lace_proxy.model import EndpointSlice, LaceObject, Node, Rejections, Service
 from lace_proxy.model.load import LoadResult, load_manifests
 from lace_proxy.networks import NetworkView
@@ -70,6 +72,7 @@ from lace_proxy.sources.files import SOURCE_NAME as FILES
 from lace_proxy.sources.files import ManifestSource
 from lace_proxy.sources.kube import SOURCE_NAME as KUBE
 from lace_proxy.sources.kube import KubeSource, api_client
+from lace_proxy.state_socket import StateServer
 from lace_proxy.table import ServiceTable
 from lace_proxy.table.changeset import backend_state
 
@@ -193,6 +196,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         routes=PolicyRoutes(routing_settings(cfg)),
         pod_networks=egress.set_pod_networks if egress is not None else None,
     )
+    state = StateServer(cfg.lace.state_socket, proxier) if cfg.lace.state_socket else None
     if name == FILES:
         source = ManifestSource(where, proxier, rejections, interval=args.poll_interval)
     else:
@@ -226,6 +230,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await servers.start()
+        if state is not None:
+            await state.start()
         if egress is not None:
             await loop.run_in_executor(None, egress.start)
         try:
@@ -234,6 +240,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             if egress is not None:
                 egress.stop()
             await service_health.stop()
+            if state is not None:
+                await state.stop()
             await servers.stop()
 
     import uvloop
@@ -312,12 +320,157 @@ def cmd_table(args: argparse.Namespace) -> int:
             (r["network"] or "-", ",".join(r["reachableFrom"] or ()) or "-", *line)
             for r, line in zip(rows, lines, strict=True)
         ]
-    widths = [max([len(h)] + [len(line[i]) for line in lines]) for i, h in enumerate(headers[:-1])]
-    for line in [headers, *lines]:
-        print("  ".join(c.ljust(w) for c, w in zip(line[:-1], widths, strict=True)), line[-1])
+    _print_columns(headers, lines)
     for key, items in excluded.items():
         for item in items:
             print(f"excluded: {key} endpoint {item['address']}: {item['reason']}")
+    return 0
+
+
+def _print_columns(headers: Sequence[str], lines: Sequence[Sequence[str]]) -> None:
+    """Aligned columns; the last one runs free (lists of backends, reasons)."""
+    widths = [max([len(h)] + [len(line[i]) for line in lines]) for i, h in enumerate(headers[:-1])]
+    for line in [headers, *lines]:
+        print("  ".join([*(c.ljust(w) for c, w in zip(line[:-1], widths, strict=True)), line[-1]]))
+
+
+def _computed_proxier(args: argparse.Namespace, cfg: ProxyConfig) -> Proxier:
+    """A proxier fed from the manifest folder, or from one complete list of the API, with its
+    table built and committed; it is never synced, so nothing reaches the kernel."""
+    table = ServiceTable(cfg.hostname_override)
+    source_name = FILES if cfg.lace.manifests else KUBE
+    proxier = Proxier(table, NftablesBackend(nftables_settings(cfg)), sources=[source_name])
+    rejections = Rejections(on_reject=lambda e: print(f"rejected: {e}", file=sys.stderr))
+    if cfg.lace.manifests:
+        ManifestSource(_manifests(cfg), proxier, rejections).poll()
+    else:
+        kubeconfig = args.kubeconfig or cfg.client_connection.kubeconfig
+        try:
+            api = api_client(kubeconfig, args.master)
+        except Exception as exc:  # no in-cluster environment, unreadable kubeconfig
+            raise _InputError(f"cannot configure the API client: {exc}") from exc
+        source = KubeSource(api, proxier, cfg.hostname_override, rejections)
+
+        async def listed() -> None:
+            stop = asyncio.Event()
+            task = asyncio.create_task(source.run(stop))
+            try:
+                async with asyncio.timeout(args.timeout):
+                    while not proxier.ready:
+                        await asyncio.sleep(0.05)
+            except TimeoutError:
+                where = args.master or kubeconfig or "the in-cluster API"
+                raise _InputError(
+                    f"{where}: no complete list of services and endpoint slices within "
+                    f"{args.timeout:g} s (is the API server reachable?)"
+                ) from None
+            finally:
+                stop.set()
+                await task
+
+        try:
+            asyncio.run(listed())
+        finally:
+            api.close()
+    table.build()
+    table.commit()
+    return proxier
+
+
+class _InputError(Exception):
+    """A problem with what the user asked for; the message says which."""
+
+
+_INVENTORY_COLUMNS = {
+    "services": ("NAMESPACE", "NAME", "TYPE", "NETWORK", "FRONTENDS", "BACKENDS"),
+    "endpoints": ("NAMESPACE", "SERVICE", "PORT", "ENDPOINT", "STATE", "NODE", "USED-BY", "WHY"),
+}
+
+
+def _service_line(doc: dict[str, Any]) -> tuple[str, ...]:
+    frontends = list(dict.fromkeys(f"{f['frontend']}({f['kind']})" for f in doc["frontends"]))
+    backends: dict[str, str] = {}
+    for f in doc["frontends"]:
+        for b in f["backends"]:
+            backends.setdefault(b["endpoint"], b["state"])
+    verdicts = sorted({f["action"] for f in doc["frontends"]} - {"forward"})
+    if doc["skipped"]:
+        shown = f"({doc['skipped']})"
+    elif not doc["frontends"]:
+        shown = "(no frontends: " + ("; ".join(doc["conflicts"]) or "nothing programmed") + ")"
+    else:
+        shown = " ".join(f"{e}({state})" for e, state in backends.items())
+        if verdicts:  # some frontends reject or drop: all, or those left without backends
+            shown += (
+                f" ({','.join(verdicts)} where none)" if shown else f"none ({','.join(verdicts)})"
+            )
+    return (
+        doc["namespace"],
+        doc["name"],
+        doc["type"],
+        doc["network"] or "-",
+        ",".join(frontends) or "-",
+        shown,
+    )
+
+
+def _endpoint_line(doc: dict[str, Any]) -> tuple[str, ...]:
+    return (
+        doc["namespace"],
+        doc["service"],
+        f"{doc['port'] or '-'}/{doc['protocol']}",
+        doc["endpoint"],
+        doc["state"],
+        doc["node"] or "-",
+        ",".join(doc["usedBy"]) or "-",
+        doc["excluded"] or "-",
+    )
+
+
+def cmd_inventory(args: argparse.Namespace) -> int:
+    """`services` and `endpoints`: the running proxy's view, or one computed here."""
+    what = args.command
+    try:
+        cfg = config_from_args(args)
+        computed = bool(cfg.lace.manifests or args.kubeconfig or args.master)
+        if computed:
+            proxier = _computed_proxier(args, cfg)
+            compute = state_socket.DOCUMENTS[what]
+            doc = {"node": cfg.hostname_override, "ready": True, what: compute(proxier)}
+        else:
+            if not cfg.lace.state_socket:
+                raise _InputError(
+                    "no state socket configured (lace.stateSocket is empty): give "
+                    "--state-socket PATH, or --kubeconfig/--manifests to compute the state"
+                )
+            try:
+                doc = state_socket.fetch(cfg.lace.state_socket, what)
+            except state_socket.StateUnavailable as exc:
+                raise _InputError(
+                    f"{exc}; give --kubeconfig FILE (or --manifests DIR) to compute it instead"
+                ) from exc
+    except _InputError as exc:
+        print(f"lace-proxy {what}: {exc}", file=sys.stderr)
+        return 2
+    name_key = "name" if what == "services" else "service"
+    doc[what] = inventory.select(doc[what], args.namespace, args.names, name_key)
+    if args.output == "json":
+        json.dump(doc, sys.stdout, indent=2)
+        print()
+    elif args.output == "yaml":
+        yaml.safe_dump(doc, sys.stdout, sort_keys=False)
+    else:
+        if not doc["ready"]:
+            print("note: the proxy has not yet received every initial list", file=sys.stderr)
+        line = _service_line if what == "services" else _endpoint_line
+        _print_columns(_INVENTORY_COLUMNS[what], [line(d) for d in doc[what]])
+    return 0
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    import shtab
+
+    print(shtab.complete(build_parser(), shell=args.shell))
     return 0
 
 
@@ -885,6 +1038,15 @@ def cmd_doctor_node(args: argparse.Namespace) -> int:
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
+    if args.kube_proxy:
+        report = remove_kube_proxy()
+        for line in report.removed:
+            print(f"removed  {line}")
+        for line in report.skipped:
+            print(f"skipped  {line}")
+        for line in report.failed:
+            print(f"FAILED   {line}", file=sys.stderr)
+        return 1 if report.failed else 0
     cfg = config_from_args(args)
     settings = nftables_settings(cfg)
     nft = NftablesBackend(settings, Nft())
@@ -968,6 +1130,50 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(table)
     table.add_argument("-o", "--output", choices=("table", "json"), default="table")
     table.set_defaults(func=cmd_table)
+
+    for what, summary, shows in (
+        (
+            "services",
+            "list services: type, frontends, backends with state, bound network",
+            "each service with its type, its Lace network, its frontends (ClusterIPs, "
+            "NodePorts, ExternalIPs, LoadBalancer IPs) and the backends they forward to, "
+            "with their state (ready, terminating, not-ready)",
+        ),
+        (
+            "endpoints",
+            "list endpoints: state, node, the traffic that uses each, or why none does",
+            "every endpoint of every service port, as the EndpointSlices deliver it: its "
+            "state, node, the traffic that uses it (cluster: ClusterIP; external: NodePort, "
+            "ExternalIP, LoadBalancer) or why it is excluded (not ready, outside the "
+            "service's network, another node's under a Local policy, topology hints, ...)",
+        ),
+    ):
+        inv = sub.add_parser(
+            what,
+            help=summary,
+            description=f"Show {shows}. By default the running proxy on this node answers, "
+            "over its read-only state socket (lace.stateSocket; root only); with "
+            "--kubeconfig/--master or --manifests the state is computed here instead, as "
+            "the proxy would compute it for the node --hostname-override.",
+        )
+        inv.add_argument(
+            "names", nargs="*", metavar="NAME", help="service NAME or NAMESPACE/NAME (default: all)"
+        )
+        inv.add_argument("-n", "--namespace", help="only services in this namespace")
+        inv.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+        inv.add_argument(
+            "--kubeconfig", metavar="FILE", help="compute the state from this cluster's API"
+        )
+        inv.add_argument("--master", metavar="URL", help="the API server's address")
+        inv.add_argument(
+            "--timeout",
+            type=float,
+            default=30.0,
+            metavar="SECONDS",
+            help="how long to wait for the API's complete lists (default 30)",
+        )
+        add_config_flags(inv)
+        inv.set_defaults(func=cmd_inventory)
 
     explain_cmd = sub.add_parser(
         "explain",
@@ -1176,9 +1382,29 @@ exit codes:
 
     cleanup = sub.add_parser(
         "cleanup",
-        help="remove everything lace-proxy programmed",
-        description="Delete lace-proxy's nftables table (connections already established "
-        "keep their conntrack NAT state).",
+        help="remove everything lace-proxy programmed (or, --kube-proxy, kube-proxy's leftovers)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="""\
+Remove what lace-proxy made on this node: its nftables tables (services, egress
+SNAT), its IPVS virtual services and lace-ipvs0 interface, and its policy rules and
+routes (lace.routing.*). Run it after stopping the proxy; with --config, the names
+in that file are the ones removed.
+
+With --kube-proxy, remove kube-proxy's leftovers instead (stop kube-proxy first):
+the jumps into its KUBE-* iptables chains and those chains (iptables-nft and
+iptables-legacy, IPv4 and IPv6), its ipsets, its IPVS virtual services and
+kube-ipvs0, and its nftables tables (ip/ip6 kube-proxy). kubelet's own chains
+(KUBE-FIREWALL, KUBE-MARK-DROP, KUBE-KUBELET-CANARY) stay.
+
+Established connections keep their conntrack NAT state either way: they go on to the
+same endpoint until they close.""",
+        epilog="exit codes: 0 done (or nothing to remove), 1 something could not be removed",
+    )
+    cleanup.add_argument(
+        "--kube-proxy",
+        action="store_true",
+        help="remove kube-proxy's iptables chains, ipsets, IPVS services, kube-ipvs0 and "
+        "nftables tables, not lace-proxy's",
     )
     add_config_flags(cleanup)
     cleanup.set_defaults(func=cmd_cleanup)
@@ -1202,6 +1428,15 @@ exit codes:
         "--keep", action="store_true", help="stay up after the requests, until Ctrl-C"
     )
     sandbox.set_defaults(func=cmd_sandbox)
+
+    completion = sub.add_parser(
+        "completion",
+        help="print a shell completion script",
+        description="Print a completion script for the shell, e.g. "
+        "`lace-proxy completion bash > /etc/bash_completion.d/lace-proxy`.",
+    )
+    completion.add_argument("shell", choices=("bash", "zsh", "tcsh"))
+    completion.set_defaults(func=cmd_completion)
 
     version = sub.add_parser("version", help="print the version and the active table twin")
     version.set_defaults(func=cmd_version)

@@ -264,6 +264,9 @@ class LaceConfig:
     service_cidrs: tuple[IPNetwork, ...] = ()
     routing: LaceRoutingConfig = field(default_factory=LaceRoutingConfig)
     egress: LaceEgressConfig = field(default_factory=LaceEgressConfig)
+    # Where the running proxy answers `lace-proxy services`/`endpoints` (read-only, root
+    # only); "" serves nothing.
+    state_socket: str = "/run/lace-proxy/state.sock"
 
 
 @dataclass(frozen=True, slots=True)
@@ -489,6 +492,14 @@ def _routing_table(value: object) -> int:
     return table
 
 
+def _socket_path(value: object) -> str:
+    """An absolute path short enough for AF_UNIX (107 bytes), or "" (no socket)."""
+    text = _string(value)
+    if text and (not text.startswith("/") or len(text.encode()) > 107):
+        raise _bad(value, 'an absolute path of at most 107 bytes, or "" for none')
+    return text
+
+
 def _table_name(value: object) -> str:
     text = _string(value)
     if not _TABLE_NAME.fullmatch(text):
@@ -575,6 +586,7 @@ _SCHEMA: _Schema = {
             "nonMasqueradeCIDRs": _CIDRS_FIELD,
             "routablePrefixes": _CIDRS_FIELD,
         },
+        "stateSocket": _Field(_socket_path),
     },
 }
 
@@ -850,6 +862,12 @@ _FLAGS: dict[str, tuple[str, str | None, str]] = {
         "metricsBindAddress",
         "IP:PORT",
         "where to serve /metrics (default: 127.0.0.1:10249)",
+    ),
+    "--state-socket": (
+        "lace.stateSocket",
+        "PATH",
+        "where to answer `lace-proxy services` and `endpoints` (read-only, root only; "
+        "'' for nowhere; default: /run/lace-proxy/state.sock)",
     ),
     "--manifests": (
         "lace.manifests",

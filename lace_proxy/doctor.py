@@ -24,6 +24,7 @@ from pyroute2 import IPRoute
 from lace_proxy.dataplane.ipvs import virtual_services
 from lace_proxy.dataplane.nft import Nft, NftError, enter_netns
 from lace_proxy.egress.routing import Route, RoutingSnapshot, covered, read_snapshot
+from lace_proxy.migration import kube_proxy_chain
 
 PROBLEM, NOTE = "problem", "note"
 
@@ -499,7 +500,7 @@ def _mtus(facts: NodeFacts, s: NodeSettingsView) -> list[Check]:
 
 def _leftovers(facts: NodeFacts) -> list[Check]:
     checks = []
-    cleanup = "stop kube-proxy, then run `kube-proxy --cleanup` on this node"
+    cleanup = "stop kube-proxy, then run `lace-proxy cleanup --kube-proxy` on this node"
     kube_tables = [f"{f} {n}" for f, n in facts.tables if n == "kube-proxy"]
     if kube_tables:
         checks.append(
@@ -555,7 +556,7 @@ def _read_facts(nft: Nft) -> NodeFacts:
         for item in nft.ruleset().get("nftables", []):
             if "table" in item:
                 tables.append((item["table"]["family"], item["table"]["name"]))
-            elif "chain" in item and _kube_proxy_chain(str(item["chain"]["name"])):
+            elif "chain" in item and kube_proxy_chain(str(item["chain"]["name"])):
                 c = item["chain"]
                 chains.append(f"{c['family']} {c['table']} {c['name']}")
     except (NftError, OSError) as exc:
@@ -583,27 +584,6 @@ def _read_facts(nft: Nft) -> NodeFacts:
         uplink,
         kube_ipvs0,
     )
-
-
-#: Chains kube-proxy's iptables and IPVS modes make (kubelet makes KUBE-FIREWALL,
-#: KUBE-MARK-DROP, KUBE-KUBELET-CANARY and KUBE-IPTABLES-HINT itself: not leftovers).
-KUBE_PROXY_CHAINS = (
-    "KUBE-SERVICES",
-    "KUBE-EXTERNAL-SERVICES",
-    "KUBE-NODEPORTS",
-    "KUBE-POSTROUTING",
-    "KUBE-MARK-MASQ",
-    "KUBE-FORWARD",
-    "KUBE-PROXY-CANARY",
-    "KUBE-PROXY-FIREWALL",
-    "KUBE-LOAD-BALANCER",
-    "KUBE-IPVS-FILTER",
-)
-KUBE_PROXY_CHAIN_PREFIXES = ("KUBE-SVC-", "KUBE-SEP-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-")
-
-
-def _kube_proxy_chain(name: str) -> bool:
-    return name in KUBE_PROXY_CHAINS or name.startswith(KUBE_PROXY_CHAIN_PREFIXES)
 
 
 def _sysctl(key: str) -> int | None:

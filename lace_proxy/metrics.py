@@ -194,7 +194,8 @@ class ProxyMetrics:
         )
         self._watch_restarts = Counter(
             "lace_proxy_watch_restarts",
-            "Watches that ended and were resumed from the last resourceVersion",
+            "Lists or watches that failed (API unreachable, dropped, timed out) and were "
+            "retried after a backoff",
             ["resource"],
             registry=r,
         )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -151,6 +151,11 @@ class Proxier:
             self._narrow(service_key)
         self.metrics.record_change("endpoints", key)
         self._queued()
+
+    def delivered_slices(self) -> Mapping[str, Mapping[str, EndpointSlice]]:
+        """The slices as the sources delivered them (before the network model narrowed
+        them), by service key then slice key; for reading only."""
+        return self._slices
 
     def _forget_slice(self, key: str) -> str | None:
         """Drop a slice from the sources' view; returns the service it belonged to."""

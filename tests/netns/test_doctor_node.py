@@ -83,7 +83,7 @@ def test_doctor_node_finds_leftovers_sysctls_and_mtus(
     assert "(1: ip nat KUBE-SERVICES)" in checks["kube_proxy_iptables"]["message"]
     assert checks["rp_filter"]["status"] == "note"  # the uplink's own setting counts
     assert "net.ipv4.conf.gw0.rp_filter" in checks["rp_filter"]["message"]
-    assert "kube-proxy --cleanup" in checks["kube_ipvs0"]["action"]
+    assert "lace-proxy cleanup --kube-proxy" in checks["kube_ipvs0"]["action"]
     assert checks["ip_forward"]["action"] == "set net.ipv4.ip_forward=1"
 
     # Put right: lace-proxy's own view agrees again.

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from lace_proxy.sandbox.demo import http_get, run_demo
 from lace_proxy.sandbox.testbed import (
     CLIENT4,
     POD_CIDR4,
+    SERVICE_CIDR4,
     UPLINK_NODE4,
     Result,
     Testbed,
@@ -23,6 +27,7 @@ from lace_proxy.sandbox.testbed import (
 )
 
 from ..conftest import MODES
+from ..lacekit import l3
 from .proxykit import NODE, endpoints, names, service
 from .test_nftables_proxy import VIP4
 
@@ -67,6 +72,8 @@ def running(
         "0.1",
         "--proxy-mode",
         request.param,
+        "--state-socket",
+        str(tmp_path / "state.sock"),
     )
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
     try:
@@ -124,6 +131,61 @@ def test_stop_keeps_rules_and_cleanup_removes_them(running: tuple[Testbed, Path,
     assert "not present" in again.stdout
 
 
+def test_cleanup_removes_tables_rules_and_routes_the_proxy_made(
+    make_testbed: Callable[..., Testbed], tmp_path: Path
+) -> None:
+    """State made by `lace-proxy run` itself (the network model on, so policy routes too),
+    then `lace-proxy cleanup` with the same config: nothing of lace-proxy's remains."""
+    tb = make_testbed(pods=1)
+    folder = tmp_path / "manifests"
+    folder.mkdir()
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": NODE},
+        "spec": {"podCIDRs": [POD_CIDR4]},
+        "status": {"addresses": [{"type": "InternalIP", "address": UPLINK_NODE4}]},
+    }
+    (folder / "node.yaml").write_text(yaml.safe_dump_all([node, l3("pods", POD_CIDR4)]))
+    config = tmp_path / "proxy.yaml"
+    config.write_text(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+        f"clusterCIDR: {POD_CIDR4}\nlace:\n  serviceCIDRs: [{SERVICE_CIDR4}]\n"
+        "  stateSocket: ''\n"
+    )
+    argv = ["--config", str(config), "--hostname-override", NODE]
+    proc = subprocess.Popen(
+        lace_proxy(tb, "run", *argv, "--manifests", str(folder)), stderr=subprocess.PIPE, text=True
+    )
+
+    def made() -> tuple[str, str, str]:
+        rules = tb.exec(tb.node, ["ip", "rule"]).stdout
+        routes = tb.exec(tb.node, ["ip", "route", "show", "table", "1450"], check=False).stdout
+        return rules, routes, tb.exec(tb.node, ["nft", "list", "tables"]).stdout
+
+    try:
+        wait_for(lambda: "1450:" in made()[0] and "lace-proxy-egress" in made()[2])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    rules, routes, tables = made()
+    assert SERVICE_CIDR4 in routes and "table inet lace-proxy\n" in tables + "\n"
+    out = subprocess.run(
+        lace_proxy(tb, "cleanup", "--config", str(config)), capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    rules, routes, tables = made()
+    assert "1450:" not in rules and routes.strip() == ""
+    assert "lace-proxy" not in tables
+    assert (
+        "1 removed"
+        not in subprocess.run(
+            lace_proxy(tb, "cleanup", "--config", str(config)), capture_output=True, text=True
+        ).stdout
+    )
+
+
 def test_run_serves_health_and_metrics(running: tuple[Testbed, Path, str]) -> None:
     tb, folder, mode = running
     write(folder, service("web", [VIP4]), endpoints("web", tb.pods))
@@ -143,6 +205,55 @@ def test_run_serves_health_and_metrics(running: tuple[Testbed, Path, str]) -> No
     assert reply.reply is not None and reply.reply.peer == UPLINK_NODE4, reply
     assert 'lace_proxy_egress_syncs_total{result="ok"} 1.0' in metrics
     assert http_get(tb.client, tb.node.ipv4, 10249, path="/metrics").startswith("error")
+
+
+def inventory(tb: Testbed, what: str, *args: str) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "lace_proxy", what, "-o", "json", *args]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    doc: dict[str, Any] = json.loads(out)
+    return doc
+
+
+def test_services_and_endpoints_ask_the_running_proxy(running: tuple[Testbed, Path, str]) -> None:
+    tb, folder, _ = running
+    sock = str(folder.parent / "state.sock")
+    ready, not_ready = tb.pods[:2], tb.pods[2:]
+    write(
+        folder,
+        service("web", [VIP4]),
+        endpoints("web", ready, name="web-a"),
+        endpoints("web", not_ready, name="web-b", ready=False),
+    )
+    wait_for(lambda: answers(tb) == {"pod1", "pod2"})
+    assert Path(sock).stat().st_mode & 0o777 == 0o600  # root only
+    served = inventory(tb, "services", "--state-socket", sock)
+    assert served["node"] == NODE and served["ready"] is True
+    # The running proxy's view is the one `services` computes from the same folder.
+    computed = inventory(tb, "services", "--manifests", str(folder), "--hostname-override", NODE)
+    assert served["services"] == computed["services"]
+    [web] = served["services"]
+    assert sorted(b["endpoint"] for b in web["frontends"][0]["backends"]) == sorted(
+        f"{p.ipv4}:8080" for p in ready
+    )
+    eps = inventory(tb, "endpoints", "--state-socket", sock, "default/web")["endpoints"]
+    assert {(e["endpoint"], e["excluded"]) for e in eps} == {
+        *((f"{p.ipv4}:8080", None) for p in ready),
+        (f"{not_ready[0].ipv4}:8080", "not ready"),
+    }
+    # It follows the proxy's changes: the third pod becomes ready.
+    write(folder, service("web", [VIP4]), endpoints("web", tb.pods, name="web-a"))
+    wait_for(
+        lambda: all(
+            e["usedBy"] == ["cluster"]
+            for e in inventory(tb, "endpoints", "--state-socket", sock)["endpoints"]
+        )
+    )
+    # Only GET, only these documents.
+    for request, status in ((b"POST /services", b" 405 "), (b"GET /secrets", b" 404 ")):
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(sock)
+            s.sendall(request + b" HTTP/1.0\r\n\r\n")
+            assert status in s.recv(4096).split(b"\r\n")[0]
 
 
 def test_sandbox_demo_shows_different_pods(capsys: pytest.CaptureFixture[str]) -> None:
