@@ -8,6 +8,7 @@ import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from lace_proxy.metrics import ProxyMetrics
 from lace_proxy.model import EndpointSlice, Node, Service
 
 
@@ -121,3 +122,21 @@ def assert_junk_is_rejected_cleanly(base: dict[str, Any]) -> None:
             except ValidationError as error:
                 assert error.code, (path, junk)
                 str(error)
+
+
+def exercise_metrics(m: ProxyMetrics) -> None:
+    """The recording calls the proxier, sources, health and egress make, so that every family
+    (including those with no label value until something is recorded) has samples."""
+    m.record_change("service", "default/web")
+    m.record_change("endpoints", "default/web-abc", trigger_time=1.0, family="IPv4")
+    m.record_queued()
+    m.record_sync(0.02, full=True, ok=True)
+    m.record_sync(0.01, full=False, ok=False)
+    m.record_rejection("Service", "invalid_port")
+    m.source_event("relist", "services")
+    m.source_event("watch_restart", "endpointslices")
+    m.record_conditions(["unknown_network"])
+    m.record_egress_sync(True, 2)
+    m.record_healthz(200)
+    m.record_livez(503)
+    m.record_healthcheck_bind_failure()

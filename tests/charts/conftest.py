@@ -7,7 +7,6 @@ rendered manifest is always one Helm would install.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,8 @@ import helm_python
 import jsonschema
 import pytest
 import yaml
+
+from ..crdschema import validator as crd_validator
 
 CHARTS = Path(__file__).resolve().parents[2] / "charts"
 PROXY_CHART = CHARTS / "lace-proxy"
@@ -85,30 +86,6 @@ def lint_findings(path: Path, values: dict[str, Any] | None = None) -> list[str]
 # --- the Lace CRDs as JSON Schema -----------------------------------------------------------
 
 
-def _json_schema(node: Any) -> Any:
-    """A CRD's OpenAPI v3 schema as JSON Schema: x-kubernetes-* dropped, a `set` list unique."""
-    if isinstance(node, list):
-        return [_json_schema(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    result = {k: _json_schema(v) for k, v in node.items() if not k.startswith("x-kubernetes-")}
-    if node.get("x-kubernetes-list-type") == "set":
-        result["uniqueItems"] = True
-    return result
-
-
-_FORMATS = jsonschema.FormatChecker(formats=())
-
-
-@_FORMATS.checks("cidr", raises=ValueError)
-def _is_cidr(value: object) -> bool:
-    """The API server's `cidr` format: Go's ParseCIDR (host bits may be set)."""
-    if not isinstance(value, str):
-        return True  # the type check reports it
-    _, slash, bits = value.partition("/")
-    return bool(slash and bits.isdigit() and ipaddress.ip_network(value, strict=False))
-
-
 def _crd_validators() -> dict[tuple[str, str], jsonschema.Draft4Validator]:
     """(apiVersion, kind) -> a validator of that CRD version's openAPIV3Schema."""
     validators = {}
@@ -116,10 +93,8 @@ def _crd_validators() -> dict[tuple[str, str], jsonschema.Draft4Validator]:
         crd = yaml.safe_load(path.read_text(encoding="utf-8"))
         group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
         for version in crd["spec"]["versions"]:
-            schema = _json_schema(version["schema"]["openAPIV3Schema"])
-            validators[(f"{group}/{version['name']}", kind)] = jsonschema.Draft4Validator(
-                schema, format_checker=_FORMATS
-            )
+            schema = version["schema"]["openAPIV3Schema"]
+            validators[(f"{group}/{version['name']}", kind)] = crd_validator(schema)
     return validators
 
 
@@ -132,3 +107,13 @@ def crd_errors(obj: dict[str, Any]) -> list[str]:
     return [
         f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(obj)
     ]
+
+
+def refusal(chart: helm_python.Chart, values: dict[str, Any]) -> str:
+    """Why values.schema.json refuses `values`; rendering must refuse them too (nothing is
+    ever rendered from refused values)."""
+    with pytest.raises(helm_python.HelmValuesError) as info:
+        chart.validate_schema(values)
+    with pytest.raises(helm_python.HelmValuesError, match="values don't meet the specifications"):
+        render_text(chart, values)
+    return str(info.value)

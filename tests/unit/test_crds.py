@@ -9,7 +9,6 @@ rules: host bits may be set, a bare address is not a CIDR.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import yaml
 
 from lace_proxy.model import LACE_GROUP_VERSION, LACE_KINDS, ValidationError, parse_object
 
+from ..crdschema import validator as crd_validator
 from .test_lace_model import (
     ALL_ERRORS,
     DEFAULT_NETWORK,
@@ -229,31 +229,8 @@ def test_network_shows_its_type() -> None:
 # --- the schemas agree with the model -----------------------------------------------------------
 
 
-def _json_schema(node: Any) -> Any:
-    """The OpenAPI v3 subset these CRDs use, as JSON Schema."""
-    if isinstance(node, list):
-        return [_json_schema(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    result = {k: _json_schema(v) for k, v in node.items() if not k.startswith("x-kubernetes-")}
-    if node.get("x-kubernetes-list-type") == "set":
-        result["uniqueItems"] = True
-    return result
-
-
-_FORMATS = jsonschema.FormatChecker(formats=())
-
-
-@_FORMATS.checks("cidr", raises=ValueError)
-def _is_cidr(value: object) -> bool:
-    if not isinstance(value, str):
-        return True  # the type check reports it
-    _, slash, bits = value.partition("/")
-    return bool(slash and bits.isdigit() and ipaddress.ip_network(value, strict=False))
-
-
 def validator(kind: str) -> jsonschema.Draft4Validator:
-    return jsonschema.Draft4Validator(_json_schema(schema_of(kind)), format_checker=_FORMATS)
+    return crd_validator(schema_of(kind))
 
 
 def _valid_variants() -> dict[str, dict[str, Any]]:

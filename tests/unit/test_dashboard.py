@@ -21,6 +21,8 @@ from prometheus_client import generate_latest
 
 from lace_proxy.metrics import ProxyMetrics
 
+from ..helpers import exercise_metrics
+
 DASHBOARD = Path(__file__).parents[2] / "charts/lace-proxy/dashboards/lace-proxy.json"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 PREFIXES = ("kubeproxy_", "lace_proxy_")
@@ -41,29 +43,11 @@ VARIABLE_VALUES = {
 LABEL_VALUES = re.compile(r"label_values\((.+),\s*\w+\)")
 
 
-def exercise(m: ProxyMetrics) -> None:
-    """The recording calls the proxier, sources, health and egress make, so that every family
-    (including those with no label value until something is recorded) has samples."""
-    m.record_change("service", "default/web")
-    m.record_change("endpoints", "default/web-abc", trigger_time=1.0, family="IPv4")
-    m.record_queued()
-    m.record_sync(0.02, full=True, ok=True)
-    m.record_sync(0.01, full=False, ok=False)
-    m.record_rejection("Service", "invalid_port")
-    m.source_event("relist", "services")
-    m.source_event("watch_restart", "endpointslices")
-    m.record_conditions(["unknown_network"])
-    m.record_egress_sync(True, 2)
-    m.record_healthz(200)
-    m.record_livez(503)
-    m.record_healthcheck_bind_failure()
-
-
 @pytest.fixture(scope="module")
 def exported() -> dict[str, set[str]]:
     """Each family of the exposition (as its TYPE line names it) -> its sample names."""
     m = ProxyMetrics(mode="nftables")  # the mode with every family (IPVS lacks one)
-    exercise(m)
+    exercise_metrics(m)
     families: dict[str, set[str]] = {}
     current: set[str] = set()
     for line in generate_latest(m.registry).decode().splitlines():
@@ -72,7 +56,7 @@ def exported() -> dict[str, set[str]]:
         elif line and not line.startswith("#"):
             current.add(NAME.match(line).group())  # type: ignore[union-attr]
     unsampled = sorted(name for name, samples in families.items() if not samples)
-    assert not unsampled, f"exercise() records nothing for {unsampled}: call what sets them"
+    assert not unsampled, f"exercise_metrics() records nothing for {unsampled}: call what sets them"
     return families
 
 

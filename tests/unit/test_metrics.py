@@ -14,6 +14,7 @@ from lace_proxy.metrics import NETWORK_PROGRAMMING_BUCKETS, SYNC_BUCKETS, ProxyM
 from lace_proxy.model.service import ServicePort
 from lace_proxy.table import ServiceTable
 
+from ..helpers import exercise_metrics
 from .tablekit import ep, eps, svc
 
 V4, V6 = {"ip_family": "IPv4"}, {"ip_family": "IPv6"}
@@ -51,21 +52,6 @@ def text(m: ProxyMetrics) -> str:
 
 def types(exposition: str) -> dict[str, str]:
     return dict(re.findall(r"^# TYPE (\S+) (\S+)$", exposition, re.MULTILINE))
-
-
-def exercise(m: ProxyMetrics) -> None:
-    """Touch every series, so the exposition has a sample for each."""
-    m.record_change("service", "default/web")
-    m.record_change("endpoints", "default/web-abc", trigger_time=1_699_999_999.0, family="IPv4")
-    m.record_queued()
-    m.record_sync(0.02, full=True, ok=True)
-    m.record_sync(0.01, full=False, ok=False)
-    m.record_rejection("Service", "invalid_port")
-    m.source_event("relist", "services")
-    m.source_event("watch_restart", "endpointslices")
-    m.record_healthz(200)
-    m.record_livez(503)
-    m.record_healthcheck_bind_failure()
 
 
 KUBE_PROXY = {
@@ -106,7 +92,7 @@ LACE = {
 
 
 def test_names_types_and_labels(m: ProxyMetrics) -> None:
-    exercise(m)
+    exercise_metrics(m)
     exposition = text(m)
     assert types(exposition) == {name: kind for name, (kind, _) in {**KUBE_PROXY, **LACE}.items()}
     labels: dict[str, set[str]] = {}
@@ -126,7 +112,7 @@ def test_promtool_accepts_the_exposition(m: ProxyMetrics) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool not installed (scripts/setup installs the prometheus package)")
-    exercise(m)
+    exercise_metrics(m)
     result = subprocess.run(
         [promtool, "check", "metrics"], input=text(m), capture_output=True, text=True, timeout=30
     )
