@@ -130,7 +130,8 @@ def _why_unused(ep: Endpoint, plan: Any, node: str, zone: str | None) -> str:
     if ep.hint_nodes is not None and node not in ep.hint_nodes:
         return f"topology hints for nodes {','.join(ep.hint_nodes)}, not this node"
     if ep.hint_zones is not None and zone not in ep.hint_zones:
-        return f"topology hints for zones {','.join(ep.hint_zones)}; this node is in {zone}"
+        where = f"this node is in {zone}" if zone else "this node has no zone"
+        return f"topology hints for zones {','.join(ep.hint_zones)}; {where}"
     return "not selected"
 
 
