@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import logging
 import re
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -76,7 +77,6 @@ KUBE_IPVS_INTERFACE = "kube-ipvs0"
 NFT_TABLES = (("ip", "kube-proxy"), ("ip6", "kube-proxy"))
 
 _NAME = re.compile(r"KUBE-[A-Za-z0-9_-]{1,24}")
-_JUMP = re.compile(r"\s-[jg]\s+(\S+)")
 
 
 def kube_proxy_chain(name: str) -> bool:
@@ -102,6 +102,17 @@ class Report:
     failed: list[str] = field(default_factory=list)
 
 
+def _target(rule: str) -> str | None:
+    """The chain a saved rule jumps or goes to: its last -j/-g outside quotes (a comment may
+    hold any text), or None."""
+    try:
+        words = shlex.split(rule)
+    except ValueError:
+        return None
+    targets = [words[i + 1] for i, w in enumerate(words[:-1]) if w in ("-j", "-g")]
+    return targets[-1] if targets else None
+
+
 def restore_script(saved: str) -> tuple[str, int, int]:
     """From `*-save` output, the `*-restore --noflush` input that removes kube-proxy's
     chains and the rules of other chains that jump to them: (script, rules, chains)."""
@@ -119,8 +130,8 @@ def restore_script(saved: str) -> tuple[str, int, int]:
                 kube.append(name)
         elif line.startswith("-A ") and table is not None:
             chain = line.split()[1]
-            target = _JUMP.search(line)
-            if not kube_proxy_chain(chain) and target and kube_proxy_chain(target.group(1)):
+            target = _target(line)
+            if not kube_proxy_chain(chain) and target and kube_proxy_chain(target):
                 deletes.append("-D" + line[2:])
         elif line.strip() == "COMMIT" and table is not None:
             if kube or deletes:
