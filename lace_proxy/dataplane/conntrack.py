@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import subprocess
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from lace_proxy.dataplane.nft import netns_prefix
@@ -75,6 +75,58 @@ def stale_udp_filters(changes: Changeset) -> Iterator[Filter]:
                 yield (*family, "--orig-dst", address, "--orig-port-dst", str(plan.port))
             if plan.node_port:
                 yield (*family, "--orig-port-dst", str(plan.node_port))
+
+
+#: Endpoint maps of the nftables table, by the frontend kind their keys start with.
+_ENDPOINT_MAPS = {
+    "endpoints": "address",
+    "local-endpoints": "address",
+    "nodeport-endpoints": "nodeport",
+    "nodeport-local-endpoints": "nodeport",
+}
+
+
+def stale_udp_filters_by_elements(
+    diff: Mapping[str, tuple[set[str], set[str]]],
+) -> Iterator[Filter]:
+    """The conntrack deletions a full sync's element diff calls for, when what was
+    programmed before is known from the kernel (after a restart) rather than a changeset:
+    UDP flows translated to an endpoint a frontend no longer has, and flows to a frontend
+    that has just become served (they were left untranslated)."""
+    for fam in (4, 6):
+        family = ("-f", "ipv6") if fam == 6 else ()
+        for prefix, kind in _ENDPOINT_MAPS.items():
+            gone, new = diff.get(f"{prefix}-v{fam}", (set(), set()))
+            for frontend, endpoint in sorted(_pairs(gone) - _pairs(new)):
+                parts = frontend.split(" . ")
+                if "udp" not in parts:
+                    continue
+                ip, _, port = endpoint.partition(" . ")
+                reply = ("--reply-src", ip, "--reply-port-src", port)
+                if kind == "nodeport":
+                    yield (*family, "--orig-port-dst", parts[1], *reply)
+                else:
+                    yield (*family, "--orig-dst", parts[0], "--orig-port-dst", parts[2], *reply)
+        for container, kind in (("service-ips", "address"), ("service-nodeports", "nodeport")):
+            gone, new = diff.get(f"{container}-v{fam}", (set(), set()))
+            before = {e.partition(" : ")[0] for e in gone}
+            for key in sorted({e.partition(" : ")[0] for e in new} - before):
+                parts = key.split(" . ")
+                if "udp" not in parts:
+                    continue
+                if kind == "nodeport":
+                    yield (*family, "--orig-port-dst", parts[1])
+                else:
+                    yield (*family, "--orig-dst", parts[0], "--orig-port-dst", parts[2])
+
+
+def _pairs(elements: Iterable[str]) -> set[tuple[str, str]]:
+    """(frontend, endpoint) of endpoint-map elements `FRONTEND . INDEX : IP . PORT`."""
+    out = set()
+    for element in elements:
+        key, _, endpoint = element.partition(" : ")
+        out.add((key.rpartition(" . ")[0], endpoint))
+    return out
 
 
 class Conntrack:

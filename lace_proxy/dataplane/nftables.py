@@ -39,7 +39,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from lace_proxy.dataplane.conntrack import Conntrack, stale_udp_filters
+from lace_proxy.dataplane.conntrack import (
+    Conntrack,
+    stale_udp_filters,
+    stale_udp_filters_by_elements,
+)
 from lace_proxy.dataplane.nft import Nft, Transaction
 from lace_proxy.networks.graph import NetworkLayout
 from lace_proxy.table import Changeset
@@ -58,6 +62,8 @@ PRECREATED_COUNTS = 16
 AFFINITY_SIZE = 1 << 20
 #: Dynamic state a full sync keeps: clients' remembered endpoints.
 KEPT = ("affinity-v4", "affinity-v6")
+#: Changes whenever what a table's skeleton means changes (see NftablesBackend._skeleton).
+SKELETON_VERSION = 1
 #: Chains the network model fills (see Renderer.render_networks); empty without it.
 ACCESS_CHAINS = ("access", "host-access", "unproxied")
 #: What a connection the network model does not allow gets: an ICMP error no other part of
@@ -180,6 +186,13 @@ class AffinityIds:
         self._ids[plan_id] = value
         self._owners[value] = plan_id
         self._backends[plan_id] = backends
+
+    def adopt(self, plan_id: str, value: int, backends: frozenset[tuple[str, int]]) -> None:
+        """Take over the id a previous process gave the plan, with the endpoints it had."""
+        if plan_id not in self._ids and value not in self._owners and 0 < value <= 0xFFFFFFFF:
+            self._ids[plan_id] = value
+            self._owners[value] = plan_id
+            self._backends[plan_id] = backends
 
     def release(self, plan_id: str) -> None:
         value = self._ids.pop(plan_id, None)
@@ -787,7 +800,37 @@ class Renderer:
 
     def base_chains(self) -> set[str]:
         """The chains base() declares."""
-        return {line.split()[1] for line in self.base() if line.startswith("  chain ")}
+        return set(self.base_rule_counts())
+
+    def base_rule_counts(self) -> dict[str, int]:
+        """The chains base() declares, with the number of rules in each."""
+        counts: dict[str, int] = {}
+        chain = None
+        for line in self.base():
+            if line.startswith("  chain "):
+                chain = line.split()[1]
+                counts[chain] = 0
+            elif line == "  }":
+                chain = None
+            elif chain is not None and not line.lstrip().startswith("type "):
+                counts[chain] += 1
+        return counts
+
+    def base_containers(self) -> set[str]:
+        """The maps and sets base() declares."""
+        return {line.split()[1] for line in self.base() if line.startswith(("  map ", "  set "))}
+
+    def base_elements(self) -> dict[str, set[str]]:
+        """The elements base() declares with its sets (the configured CIDRs)."""
+        out: dict[str, set[str]] = {}
+        for fam in FAMILIES:
+            for name, cidrs in (
+                ("cluster-cidrs", self.s.cluster_cidrs),
+                ("nodeport-cidrs", self._nodeport_cidrs()),
+                ("service-cidrs", self.s.service_cidrs),
+            ):
+                out[f"{name}-v{fam}"] = set(self._cidrs(cidrs, fam))
+        return out
 
     def _nodeport_cidrs(self) -> tuple[str, ...]:
         if self.s.node_port_primary:
@@ -833,8 +876,7 @@ class NftablesBackend:
         # each sync, taken together with the plans, so the two always agree).
         self._programmed_layout = NO_NETWORKS
         self._networks = self.renderer.render_networks(NO_NETWORKS)
-        # The affinity ids of a previous process are unknown: its remembered endpoints are
-        # dropped by this process's first full sync, then kept by every later one.
+        # The first full sync adopts the affinity ids a previous process left in the kernel.
         self._synced = False
 
     @property
@@ -847,16 +889,27 @@ class NftablesBackend:
         changes: Changeset | None = None,
         layout: NetworkLayout = NO_NETWORKS,
     ) -> int:
-        """Replace the table's contents atomically with these plans; returns the command count.
+        """Bring the table to these plans by diff; returns the command count.
 
-        Used for the first sync and the periodic reconcile. One batch flushes every chain,
-        replaces every map and set, deletes what is no longer wanted and fills in the rest,
-        so there is no moment without rules; the affinity sets keep their elements (the
-        clients' pinned endpoints), as kube-proxy keeps them. `changes` (what changed since
-        the last sync, when known) drives the UDP conntrack cleanup, as `apply` does.
+        Used for the first sync (also after a restart) and the periodic reconcile. The
+        kernel's table is read back and only what differs is programmed, in one atomic batch:
+        nothing is flushed, so a restarted proxy adopts what its predecessor made (affinity
+        ids and clients' pinned endpoints included) and drift is repaired element by element.
+        Where the difference is not expressible that way (no table yet, a skeleton of another
+        version, a chain looking up a typeof map to make) the table's contents are replaced
+        in one batch instead, which still leaves no moment without rules.
         """
         plans = list(plans)
+        t = self.settings.table
+        raw = self.nft.list_table(self.family, t)
+        kernel = None if raw is None else KernelState.from_json(raw)
         ids = self.renderer.affinity_ids
+        if kernel is not None and not self._synced:
+            adoptable = _kernel_affinity_ids(kernel)
+            for plan in plans:
+                found = adoptable.get(f"{plan.cluster_ip} . {plan.protocol.lower()} . {plan.port}")
+                if found is not None and _needs_id(plan):
+                    ids.adopt(plan.id, *found)
         ids.keep_only({p.id for p in plans if _needs_id(p)})
         for plan in sorted(plans, key=lambda p: p.id):  # deterministic probing
             if _needs_id(plan):
@@ -874,24 +927,124 @@ class NftablesBackend:
             merged.chains[name] = self.renderer.shared_chain(name)
         networks = self.renderer.render_networks(layout)
         _merge_into(merged, networks)
+        diff: dict[str, tuple[set[str], set[str]]] = {}
+        tx = None
+        if kernel is not None:
+            diff = self._element_diff(merged, kernel)
+            tx = self._reconcile(merged, kernel, diff)
+        if tx is None:
+            tx = self._rewrite(merged, networks, kernel)
+        self.nft.apply(tx)
+        self._refs = refs
+        self._shared_chains = shared
+        self._networks, self._programmed_layout = networks, layout
+        self._synced = True
+        if self.conntrack is not None:
+            if kernel is not None:
+                # What the kernel held is known: only flows it translated to endpoints now
+                # gone, or left alone for frontends now served, are stale.
+                self.conntrack.delete_udp(stale_udp_filters_by_elements(diff))
+            elif changes is not None:
+                self.conntrack.delete_udp(stale_udp_filters(changes))
+        return len(tx)
+
+    def _element_diff(
+        self, merged: Rendered, kernel: KernelState
+    ) -> dict[str, tuple[set[str], set[str]]]:
+        """Per container: the kernel's elements that are not wanted, and the wanted ones it
+        lacks (dynamic state excluded). Elements are compared as text first; the few left
+        over are compared canonically (nft prints a /32 in an interval set as an address, a
+        range that is a prefix as the prefix, a mark as a decimal number)."""
+        wanted = {**merged.elements}
+        for container, values in self.renderer.base_elements().items():
+            wanted.setdefault(container, set()).update(values)
+        out: dict[str, tuple[set[str], set[str]]] = {}
+        for container in wanted.keys() | kernel.elements.keys():
+            if _dynamic(container) or container not in kernel.containers:
+                continue
+            have = kernel.elements.get(container, set())
+            want = wanted.get(container, set())
+            gone, new = have - want, want - have
+            if gone and new:
+                by_canon = {_canonical(e): e for e in gone}
+                for e in list(new):
+                    match = by_canon.pop(_canonical(e), None)
+                    if match is not None:
+                        gone.discard(match)
+                        new.discard(e)
+            if gone or new:
+                out[container] = (gone, new)
+        return out
+
+    def _reconcile(
+        self,
+        merged: Rendered,
+        kernel: KernelState,
+        diff: dict[str, tuple[set[str], set[str]]],
+    ) -> Transaction | None:
+        """The batch that turns the kernel's table into `merged`, or None where only a
+        rewrite can (see full_sync)."""
+        r = self.renderer
+        base_chains = r.base_chains()
+        if self._skeleton() not in kernel.rules:
+            return None
+        for name, count in r.base_rule_counts().items():
+            if len(kernel.rules.get(name, ())) != count:
+                return None
+        if not r.base_containers() <= kernel.containers.keys():
+            return None
+        missing = {n for n in merged.chains if n not in kernel.rules}
+        changed = {
+            n
+            for n, rules in merged.chains.items()
+            if n in kernel.rules and kernel.rules[n] != [_rule_hash(x) for x in rules]
+        }
+        if any(n.split("-")[0] in FULL_SYNC_ONLY for n in missing | changed):
+            return None
+        t = self.settings.table
+        tx = Transaction()
+        for name, spec in sorted(merged.sets.items()):
+            if name not in kernel.containers:
+                tx.add(f"add set inet {t} {name} {{ {spec} }}")
+        tx.extend(self._chain_decl(n, merged.comments.get(n)) for n in sorted(missing))
+        for name in sorted(missing | changed, key=_chain_order):
+            if name in changed:
+                tx.add(f"flush chain inet {t} {name}")
+            self._add_rules(tx, name, merged.chains[name])
+        for container, (gone, new) in sorted(diff.items()):
+            if gone:
+                keys = ", ".join(sorted({_key(e) for e in gone}))
+                tx.add(f"delete element inet {t} {container} {{ {keys} }}")
+            if new:
+                tx.add(f"add element inet {t} {container} {{ {', '.join(sorted(new))} }}")
+        keep = merged.chains.keys() | base_chains | {self._skeleton()}
+        gone_chains = sorted(kernel.rules.keys() - keep, key=_chain_order, reverse=True)
+        tx.extend(f"flush chain inet {t} {name}" for name in gone_chains)
+        tx.extend(f"delete chain inet {t} {name}" for name in gone_chains)
+        for name, kind in sorted(kernel.containers.items()):
+            if name not in merged.sets and name not in r.base_containers():
+                tx.add(f"delete {kind} inet {t} {name}")
+        return tx
+
+    def _rewrite(
+        self, merged: Rendered, networks: Rendered, kernel: KernelState | None
+    ) -> Transaction:
+        """One batch that flushes every chain, replaces every map and set, deletes what is
+        no longer wanted and fills in the rest; the affinity state stays."""
         tx = Transaction()
         t = self.settings.table
-        existing = self.nft.list_table(self.family, t, terse=True)
-        if existing is not None:
-            chains, containers = _names(existing)
+        if kernel is not None:
+            chains, containers = kernel.rules.keys(), kernel.containers
             tx.extend(f"flush chain inet {t} {name}" for name in sorted(chains))
             # Maps and sets are made anew (nft must see their definitions in the batch
-            # that adds the rules using them); only the affinity sets stay.
+            # that adds the rules using them); only the affinity state stays.
             tx.extend(
                 f"delete {kind} inet {t} {name}"
                 for name, kind in sorted(containers.items())
-                if not name.startswith("aff-") and (name not in KEPT or not self._synced)
+                if not _dynamic(name)
             )
-            base_chains = self.renderer.base_chains()
-            tx.extend(
-                f"delete chain inet {t} {name}"
-                for name in sorted(chains - merged.chains.keys() - base_chains)
-            )
+            keep = merged.chains.keys() | self.renderer.base_chains() | {self._skeleton()}
+            tx.extend(f"delete chain inet {t} {name}" for name in sorted(chains - keep))
             tx.extend(
                 f"delete {kind} inet {t} {name}"
                 for name, kind in sorted(containers.items())
@@ -905,15 +1058,14 @@ class NftablesBackend:
             for name in sorted(networks.chains.keys() - set(ACCESS_CHAINS))
         )
         tx.extend(self.renderer.base())
+        tx.add(self._chain_decl(self._skeleton(), None))
         self._add_objects(tx, merged)
-        self.nft.apply(tx)
-        self._refs = refs
-        self._shared_chains = shared
-        self._networks, self._programmed_layout = networks, layout
-        self._synced = True
-        if self.conntrack is not None and changes is not None:
-            self.conntrack.delete_udp(stale_udp_filters(changes))
-        return len(tx)
+        return tx
+
+    def _skeleton(self) -> str:
+        """The name of an empty chain that marks the skeleton the table was made with: a
+        table of another skeleton (another version or configuration) is rewritten."""
+        return f"skeleton-{_h(SKELETON_VERSION, *self.renderer.base())}"
 
     def apply(self, changes: Changeset, layout: NetworkLayout = NO_NETWORKS) -> int:
         """Program one changeset (and the network model's `layout`, if it changed) as one
@@ -950,7 +1102,7 @@ class NftablesBackend:
         created = sorted(missing, key=_chain_order)
         tx.extend(self._chain_decl(name, None) for name in created)
         for name in created:
-            tx.extend(f"add rule inet {t} {name} {r}" for r in self.renderer.shared_chain(name))
+            self._add_rules(tx, name, self.renderer.shared_chain(name))
         changed = {n: r for n, r in new.chains.items() if old.chains.get(n) != r}
         for name in sorted(changed):
             tx.add(self._chain_decl(name, new.comments.get(name)))
@@ -958,7 +1110,7 @@ class NftablesBackend:
         for name in sorted(changed, key=_chain_order):
             if name in old.chains:
                 tx.add(f"flush chain inet {t} {name}")
-            tx.extend(f"add rule inet {t} {name} {rule}" for rule in changed[name])
+            self._add_rules(tx, name, changed[name])
         # 3. Elements: obsolete ones out, then new ones in (a changed value is both).
         for container in sorted(old.elements.keys() | new.elements.keys()):
             before = old.elements.get(container, set())
@@ -1025,6 +1177,12 @@ class NftablesBackend:
         body = f' {{ comment "{comment}"; }}' if comment else ""
         return f"add chain inet {self.settings.table} {name}{body}"
 
+    def _add_rules(self, tx: Transaction, chain: str, rules: Iterable[str]) -> None:
+        """Each rule carries a hash of its text, so a read-back tells whether a chain's rules
+        are the wanted ones (nft prints rules in a form of its own)."""
+        t = self.settings.table
+        tx.extend(f'add rule inet {t} {chain} {r} comment "{_rule_hash(r)}"' for r in rules)
+
     def _add_objects(self, tx: Transaction, r: Rendered) -> None:
         t = self.settings.table
         for name, spec in sorted(r.sets.items()):
@@ -1032,7 +1190,7 @@ class NftablesBackend:
         for name in r.chains:
             tx.add(self._chain_decl(name, r.comments.get(name)))
         for name in sorted(r.chains, key=_chain_order):
-            tx.extend(f"add rule inet {t} {name} {rule}" for rule in r.chains[name])
+            self._add_rules(tx, name, r.chains[name])
         for container, values in sorted(r.elements.items()):
             if values:
                 tx.add(f"add element inet {t} {container} {{ {', '.join(sorted(values))} }}")
@@ -1093,30 +1251,102 @@ def _key(element: str) -> str:
     return element.split(" : ", 1)[0]
 
 
+def _rule_hash(rule: str) -> str:
+    return "r:" + hashlib.blake2b(rule.encode(), digest_size=6).hexdigest()
+
+
+def _dynamic(container: str) -> bool:
+    """State the packet path writes (clients' remembered endpoints): never diffed."""
+    return container in KEPT or container.startswith("aff-")
+
+
+def _canonical(element: str) -> tuple[tuple[object, ...], ...]:
+    """An element's meaning, whichever way nft or the renderer spells it."""
+    return tuple(
+        tuple(_canonical_token(token) for token in side.split(" . "))
+        for side in element.split(" : ", 1)
+    )
+
+
+def _canonical_token(token: str) -> object:
+    try:
+        return int(token, 0)
+    except ValueError:
+        pass
+    try:
+        if "/" in token:
+            net = ipaddress.ip_network(token, strict=False)
+            return (int(net.network_address), int(net.broadcast_address))
+        first, sep, last = token.partition("-")
+        if sep:
+            return (int(ipaddress.ip_address(first)), int(ipaddress.ip_address(last)))
+        address = int(ipaddress.ip_address(token))
+        return (address, address)
+    except ValueError:
+        return token
+
+
+def _kernel_affinity_ids(kernel: KernelState) -> dict[str, tuple[int, frozenset[tuple[str, int]]]]:
+    """The affinity ids a previous process programmed, by frontend, each with the endpoints
+    its frontends held (the clients' remembered endpoints, keyed by id, are among those)."""
+    frontends: dict[int, list[str]] = {}
+    for fam in FAMILIES:
+        for container in (f"affinity-ids-v{fam}", f"affinity-nodeport-ids-v{fam}"):
+            for element in kernel.elements.get(container, ()):
+                key, _, value = element.partition(" : ")
+                try:
+                    frontends.setdefault(int(value, 0), []).append(key)
+                except ValueError:
+                    continue
+    if not frontends:
+        return {}
+    endpoints: dict[str, set[tuple[str, int]]] = {}
+    for fam in FAMILIES:
+        for container in (f"endpoints-v{fam}", f"nodeport-endpoints-v{fam}"):
+            for element in kernel.elements.get(container, ()):
+                key, _, value = element.partition(" : ")
+                ip, _, port = value.partition(" . ")
+                if port.isdigit():
+                    frontend = key.rpartition(" . ")[0]
+                    endpoints.setdefault(frontend, set()).add((ip, int(port)))
+    out = {}
+    for value, keys in frontends.items():
+        backends = frozenset().union(*(endpoints.get(k, set()) for k in keys))
+        out.update((k, (value, backends)) for k in keys)
+    return out
+
+
 @dataclass
 class KernelState:
-    """Our table as the kernel reports it: chains (with rule counts) and map/set elements."""
+    """Our table as the kernel reports it: chains (with rule counts and each rule's hash
+    comment), maps and sets with their kind, and their elements in the renderer's text."""
 
     chains: dict[str, int]
     comments: dict[str, str]
     elements: dict[str, set[str]]
+    rules: dict[str, list[str | None]] = field(default_factory=dict)
+    containers: dict[str, str] = field(default_factory=dict)  # name -> "map" | "set"
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> KernelState:
-        chains: dict[str, int] = {}
         comments: dict[str, str] = {}
         elements: dict[str, set[str]] = {}
+        rules: dict[str, list[str | None]] = {}
+        containers: dict[str, str] = {}
         for item in raw.get("nftables", []):
             if "chain" in item:
-                chains.setdefault(item["chain"]["name"], 0)
+                rules.setdefault(item["chain"]["name"], [])
                 if "comment" in item["chain"]:
                     comments[item["chain"]["name"]] = item["chain"]["comment"]
             elif "rule" in item:
-                chains[item["rule"]["chain"]] = chains.get(item["rule"]["chain"], 0) + 1
+                rules.setdefault(item["rule"]["chain"], []).append(item["rule"].get("comment"))
             elif "map" in item or "set" in item:
-                obj = item.get("map") or item.get("set")
+                kind = "map" if "map" in item else "set"
+                obj = item[kind]
+                containers[obj["name"]] = kind
                 elements[obj["name"]] = {_render_json(e) for e in obj.get("elem", [])}
-        return cls(chains, comments, elements)
+        chains = {name: len(r) for name, r in rules.items()}
+        return cls(chains, comments, elements, rules, containers)
 
 
 def _render_json(element: Any) -> str:

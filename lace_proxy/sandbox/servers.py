@@ -1,10 +1,12 @@
 """Who-am-I servers for the sandbox (stdlib only; runs inside a namespace via `ip netns exec`).
 
-Usage: servers.py NAME PORT [PORT ...] [--http PORT ...]
+Usage: servers.py NAME PORT [PORT ...] [--http PORT ...] [--echo PORT ...]
 
 Listens on every given port for TCP and UDP, IPv4 and IPv6, on all addresses, and answers each
 connection or datagram with one line "NAME LOCAL_IP:PORT PEER_IP" (IPv6 as "[ip]:port"); the
---http ports (TCP only) answer an HTTP request with that line as the body. The
+--http ports (TCP only) answer an HTTP request with that line as the body; the --echo ports
+(TCP only) keep each connection open and answer every chunk received with "NAME " and the
+chunk, for tests of long-lived connections. The
 local address is the one the packet arrived for after any DNAT and the peer is the source after
 any SNAT, so a reply shows both which endpoint answered and whether the client was masqueraded.
 
@@ -14,6 +16,7 @@ outlives the test process that started it.
 
 from __future__ import annotations
 
+import functools
 import os
 import selectors
 import socket
@@ -78,6 +81,25 @@ def answer_http(name: str, listener: socket.socket) -> None:
         conn.sendall(head.encode() + b"Connection: close\r\n\r\n" + body)
 
 
+def accept_echo(sel: selectors.BaseSelector, name: str, listener: socket.socket) -> None:
+    """Accept a long-lived connection; it is answered chunk by chunk until the peer closes."""
+    conn, _ = listener.accept()
+    conn.setblocking(False)
+    sel.register(conn, selectors.EVENT_READ, functools.partial(answer_echo, sel))
+
+
+def answer_echo(sel: selectors.BaseSelector, name: str, conn: socket.socket) -> None:
+    try:
+        data = conn.recv(4096)
+    except ConnectionError:
+        data = b""
+    if data:
+        conn.sendall(name.encode() + b" " + data)  # a few bytes: the buffer takes them
+    else:
+        sel.unregister(conn)
+        conn.close()
+
+
 def answer_udp(name: str, sock: socket.socket) -> None:
     """Answer one datagram from the address it was sent to, so connected clients accept it."""
     port = sock.getsockname()[1]
@@ -100,16 +122,23 @@ def answer_udp(name: str, sock: socket.socket) -> None:
 
 def main(argv: list[str]) -> int:
     """Bind everything, report readiness, serve until stdin closes."""
-    name, rest = argv[0], argv[1:]
-    split = rest.index("--http") if "--http" in rest else len(rest)
-    ports, http_ports = [int(p) for p in rest[:split]], [int(p) for p in rest[split + 1 :]]
+    name, groups = argv[0], {"": [], "--http": [], "--echo": []}
+    group = groups[""]
+    for arg in argv[1:]:
+        if arg in groups:
+            group = groups[arg]
+        else:
+            group.append(int(arg))
     sel = selectors.DefaultSelector()
+    echo = functools.partial(accept_echo, sel)
     for family in (socket.AF_INET, socket.AF_INET6):
-        for port in ports:
+        for port in groups[""]:
             sel.register(bind(family, socket.SOCK_STREAM, port), selectors.EVENT_READ, answer_tcp)
             sel.register(bind(family, socket.SOCK_DGRAM, port), selectors.EVENT_READ, answer_udp)
-        for port in http_ports:
+        for port in groups["--http"]:
             sel.register(bind(family, socket.SOCK_STREAM, port), selectors.EVENT_READ, answer_http)
+        for port in groups["--echo"]:
+            sel.register(bind(family, socket.SOCK_STREAM, port), selectors.EVENT_READ, echo)
     sel.register(sys.stdin.fileno(), selectors.EVENT_READ, None)
     print("ready", flush=True)
     while True:

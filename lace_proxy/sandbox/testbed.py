@@ -499,7 +499,12 @@ class TestbedBase(abc.ABC):
             server.wait_ready(deadline)
 
     def _spawn(
-        self, host: Host, name: str, ports: Sequence[int], http_ports: Sequence[int] = ()
+        self,
+        host: Host,
+        name: str,
+        ports: Sequence[int],
+        http_ports: Sequence[int] = (),
+        echo_ports: Sequence[int] = (),
     ) -> _Server:
         # A new session keeps a terminal's Ctrl-C away from servers; teardown stops them.
         stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed by _Server.stop)
@@ -507,6 +512,8 @@ class TestbedBase(abc.ABC):
         argv += [str(SERVER_SCRIPT), name, *map(str, ports)]
         if http_ports:
             argv += ["--http", *map(str, http_ports)]
+        if echo_ports:
+            argv += ["--echo", *map(str, echo_ports)]
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
@@ -522,9 +529,10 @@ class TestbedBase(abc.ABC):
         ports: Sequence[int],
         name: str | None = None,
         http_ports: Sequence[int] = (),
+        echo_ports: Sequence[int] = (),
     ) -> None:
-        """Start one more server (e.g. on extra ports, or HTTP ones); stopped at teardown."""
-        server = self._spawn(host, name or host.name, ports, http_ports)
+        """Start one more server (e.g. on extra ports, HTTP or echo ones); stopped at teardown."""
+        server = self._spawn(host, name or host.name, ports, http_ports, echo_ports)
         self._servers.append(server)
         server.wait_ready(time.monotonic() + 10)
 
