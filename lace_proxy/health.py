@@ -109,7 +109,10 @@ class ProxierHealth:
         """The API source lost (or regained) contact for a resource.
 
         The kernel keeps serving what it has, but a proxy that cannot see changes for
-        longer than the health timeout is reported unhealthy, so operators notice.
+        longer than the health timeout is reported unhealthy by /healthz, so operators
+        notice. /livez is not: a restart cannot bring the API back, and kubelet would
+        otherwise restart every node's proxy, leaving them in crash-loop backoff (not
+        watching) when the API returns.
         """
         if ok:
             self._sources_lost.pop(resource, None)
@@ -121,11 +124,12 @@ class ProxierHealth:
         self._node_eligible = eligible
 
     def healthy(self) -> bool:
-        """The proxier's own health, without the node's eligibility (what /livez reports)."""
-        return self._healthy(self._clock())
+        """Whether syncing works (what the service health checks report): an API outage
+        seen on every node must not take every node out of the load balancers."""
+        return self._healthy(self._clock(), sources=False)
 
-    def _healthy(self, now: float) -> bool:
-        if any(now - lost >= self.timeout for lost in self._sources_lost.values()):
+    def _healthy(self, now: float, *, sources: bool = True) -> bool:
+        if sources and any(now - lost >= self.timeout for lost in self._sources_lost.values()):
             return False
         return (
             self._last_updated is None
@@ -142,9 +146,10 @@ class ProxierHealth:
         return code, self._body(now, code == 200, proxier_healthy, self._node_eligible)
 
     def livez(self) -> tuple[int, dict[str, Any]]:
-        """/livez: the proxier's health only (a node being drained is still alive)."""
+        """/livez: whether syncing works (a node being drained, or a proxy that cannot reach
+        the API, is still alive)."""
         now = self._clock()
-        healthy = self._healthy(now)
+        healthy = self._healthy(now, sources=False)
         code = 200 if healthy else 503
         self._metrics.record_livez(code)
         return code, self._body(now, healthy, healthy, None)

@@ -5,7 +5,7 @@ wake the loop. The loop coalesces changes: at most one sync per `min_sync_period
 reconcile every `sync_period`, and nothing is programmed before every source has
 delivered its initial state. The dataplane runs in its own thread (pyroute2 and the nft
 subprocess must stay off the uvloop loop); a failed sync commits nothing and the next
-one is a full reconcile.
+one is a full reconcile, retried with exponential backoff (see `retry_delay`).
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ class SyncStats:
     syncs: int = 0
     full_syncs: int = 0
     failures: int = 0
+    failures_in_a_row: int = 0  # since the last successful sync: sets the retry backoff
     last_error: str | None = None
     last_sync_seconds: float = 0.0
     last_sync_time: float = 0.0
@@ -261,6 +262,16 @@ class Proxier:
         """True once every source has delivered its initial state."""
         return not self._waiting_for
 
+    def retry_delay(self) -> float:
+        """How long after a failed sync the next try waits: min_sync_period (at least
+        0.1 s), doubled with each failure in a row, at most sync_period. A kernel that keeps
+        refusing is not hammered, and one that recovers is used again soon."""
+        failures = self.stats.failures_in_a_row
+        if not failures:
+            return self.min_sync_period
+        base = max(self.min_sync_period, 0.1)
+        return min(base * 2 ** min(failures - 1, 30), max(self.sync_period, base))
+
     # -- sync loop --
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -287,8 +298,9 @@ class Proxier:
                     self.health.updated()  # kube-proxy: an uninitialized sync succeeds
                     self._wake.clear()
                     continue
-                # Coalesce: never sync more often than min_sync_period.
-                delay = last + self.min_sync_period - time.monotonic()
+                # Coalesce: never sync more often than min_sync_period (after a failure,
+                # than the retry backoff).
+                delay = last + self.retry_delay() - time.monotonic()
                 if delay > 0:
                     await asyncio.wait({stopper}, timeout=delay)
                     if stop.is_set():
@@ -297,7 +309,7 @@ class Proxier:
                 full = self._need_full or time.monotonic() - last_full >= self.sync_period
                 synced_full = self.stats.full_syncs
                 if not await self.sync(full=full):
-                    self._wake.set()  # retry after min_sync_period, as a full sync
+                    self._wake.set()  # retry after the backoff, as a full sync
                 last = time.monotonic()
                 if self.stats.full_syncs != synced_full:
                     last_full = last
@@ -345,11 +357,15 @@ class Proxier:
         except Exception as exc:  # the kernel refused: keep serving what is programmed
             self._need_full = True
             self.stats.failures += 1
+            self.stats.failures_in_a_row += 1
             self.stats.last_error = str(exc)
             self.metrics.record_sync(time.monotonic() - start, full=full, ok=False)
-            log.error("sync failed (%s); retrying with a full sync", exc)
+            log.error(
+                "sync failed (%s); retrying with a full sync in %.1f s", exc, self.retry_delay()
+            )
             return False
         self.stats.syncs += 1
+        self.stats.failures_in_a_row = 0
         self.stats.last_sync_seconds = time.monotonic() - start
         self.metrics.record_sync(self.stats.last_sync_seconds, full=full, ok=True)
         self.health.updated()

@@ -62,6 +62,15 @@ class Transaction:
         return "\n".join(self.commands) + "\n"
 
 
+def _json(out: str, what: str) -> dict[str, Any]:
+    """nft's JSON output; nft 1.0.6 prints broken JSON for some objects (a table another
+    program holds with `flags owner`), which is a clear error, not a parser traceback."""
+    try:
+        return json.loads(out)  # type: ignore[no-any-return]
+    except json.JSONDecodeError as exc:
+        raise NftError(f"nft -j {what}: unreadable output ({exc})", out[-200:]) from exc
+
+
 class Nft:
     """Runs nft, in the current network namespace or in a named one (for tests and sandboxes)."""
 
@@ -94,11 +103,11 @@ class Nft:
             if "No such file or directory" in exc.stderr:
                 return None
             raise
-        return json.loads(out)
+        return _json(out, f"list table {family} {table}")
 
     def ruleset(self) -> dict[str, Any]:
         """Every table and chain as nft's JSON objects (terse: no set elements)."""
-        return json.loads(self._run(["-t", "-j", "list", "ruleset"]))
+        return _json(self._run(["-t", "-j", "list", "ruleset"]), "list ruleset")
 
     def delete_table(self, family: str, table: str) -> bool:
         """Delete the table if it exists; True when something was deleted."""

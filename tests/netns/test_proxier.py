@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,8 @@ import pytest
 
 from lace_proxy.dataplane.nft import Nft
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.health import ProxierHealth
+from lace_proxy.metrics import ProxyMetrics
 from lace_proxy.model.parse import parse_endpoint_slice, parse_service
 from lace_proxy.proxier import Proxier
 from lace_proxy.sandbox.testbed import Testbed, request_tcp
@@ -155,3 +158,62 @@ def test_a_refused_transaction_keeps_serving_and_recovers(tb: Testbed, tmp_path:
         await eventually(lambda: proxier.stats.last_error is None)  # the loop has seen it too
 
     run(proxier, scenario)
+
+
+def test_a_table_held_by_someone_else_is_retried_with_backoff_until_released(
+    tb: Testbed,
+) -> None:
+    # Another program owns a table of our name (nft's "owner" flag: only its netlink
+    # socket may change it, and the table goes when that socket closes): every sync is
+    # refused by the kernel with EPERM until it lets go.
+    holder = subprocess.Popen(
+        ["ip", "netns", "exec", tb.node.ns.name, "nft", "-i"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert holder.stdin is not None
+    holder.stdin.write("add table inet lace-proxy { flags owner; }\n")
+    holder.stdin.flush()
+    metrics = ProxyMetrics()
+    health = ProxierHealth(0.5, metrics)  # unhealthy after 2 x syncPeriod = 1 s
+    backend = NftablesBackend(NftablesSettings(), Nft(tb.node.ns.name))
+    proxier = Proxier(
+        ServiceTable(NODE),
+        backend,
+        sources=["a", "b"],
+        min_sync_period=0.05,
+        sync_period=0.5,
+        metrics=metrics,
+        health=health,
+    )
+    failures = "lace_proxy_sync_failures_total"
+
+    async def scenario() -> None:
+        try:
+            await eventually(lambda: b"owner" in _ruleset(tb))
+            await asyncio.sleep(0.1)  # the loop's start counts as an update (kube-proxy)
+            web(tb, proxier)
+            proxier.synced("a")
+            proxier.synced("b")
+            await eventually(lambda: proxier.stats.failures_in_a_row >= 4, timeout=10)
+            # (nft 1.0.6 cannot even print such a table as JSON: that is the error here.)
+            assert "list table inet lace-proxy" in (proxier.stats.last_error or "")
+            # Backoff: the retries have slowed down, up to syncPeriod.
+            assert proxier.retry_delay() >= 0.4
+            assert metrics.registry.get_sample_value(failures, {"mode": "full"}) >= 4
+            await eventually(lambda: health.healthz()[0] == 503, timeout=5)
+        finally:
+            holder.stdin.close()  # its socket closes: the kernel removes its table
+            holder.wait(timeout=10)
+        await eventually(lambda: _eq(answers(tb), {"pod1", "pod2", "pod3"}), timeout=10)
+        assert proxier.stats.failures_in_a_row == 0 and proxier.stats.last_error is None
+        assert proxier.retry_delay() == proxier.min_sync_period
+        assert health.healthz()[0] == 200
+
+    run(proxier, scenario)
+
+
+def _ruleset(tb: Testbed) -> bytes:
+    return tb.exec(tb.node, ["nft", "list", "ruleset"]).stdout.encode()

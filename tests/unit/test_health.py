@@ -181,6 +181,38 @@ def test_a_change_queued_longer_than_twice_the_sync_period_is_unhealthy(
     run(scenario)
 
 
+def test_an_api_outage_fails_healthz_on_time_but_not_livez_or_service_checks(
+    health: ProxierHealth, metrics: ProxyMetrics, clock: Clock
+) -> None:
+    async def scenario() -> None:
+        s = servers(health, metrics)
+        hc = ServiceHealthServers(health, metrics, addresses=[LOOPBACK])
+        port = free_port()
+        await s.start()
+        await hc.sync({port: ("default/web", 1)})
+        try:
+            url = f"http://{LOOPBACK}:{s.healthz_port}"
+            health.updated()
+            health.source_contact("services", False)
+            clock.now += 2 * SYNC_PERIOD - 0.1
+            assert (await get_json(f"{url}/healthz"))[0] == 200
+            health.source_contact("services", False)  # still out: the first loss counts
+            clock.now += 0.1
+            status, body = await get_json(f"{url}/healthz")
+            assert (status, body["healthy"]) == (503, False)
+            # Restarting the proxy would not bring the API back; the kernel keeps serving,
+            # so the load balancers keep this node.
+            assert (await get_json(f"{url}/livez"))[0] == 200
+            assert (await service_reply(port))[0] == 200
+            health.source_contact("services", True)
+            assert (await get_json(f"{url}/healthz"))[0] == 200
+        finally:
+            await hc.stop()
+            await s.stop()
+
+    run(scenario)
+
+
 def test_healthz_fails_while_the_node_is_not_eligible_livez_does_not(
     health: ProxierHealth, metrics: ProxyMetrics
 ) -> None:
