@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +21,7 @@ from lace_proxy.sandbox.testbed import (
 )
 
 from ..lacekit import external
+from .proxykit import NODE, Harness, endpoints, service
 
 pytestmark = pytest.mark.netns
 
@@ -54,3 +57,41 @@ def test_sync_converges_follows_the_node_address_and_leaves_others_alone(
     routes.sync(NetworkLayout(), (GWLINK_NODE4,))
     assert routes.held() == (set(), set())
     assert "lookup 77" in tb.exec(tb.node, ["ip", "rule"]).stdout
+
+
+def test_a_route_the_kernel_refuses_fails_the_sync_which_converges_when_it_can(
+    make_testbed: Callable[..., Testbed], tmp_path: Path
+) -> None:
+    """A netlink error mid-sync: nftables' part is applied whole, the refused route is
+    retried (as a full sync that changes nothing in nftables), counted, and converges."""
+    tb = make_testbed(pods=1)
+    harness = Harness(tb, tmp_path / "m", routing=RoutingSettings(service_cidrs=(SERVICE_CIDR4,)))
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": NODE},
+        "status": {"addresses": [{"type": "InternalIP", "address": UPLINK_NODE4}]},
+    }
+    harness.write("node", node, external("internet", "0.0.0.0/0"))
+    harness.write("web", service("web", ["10.96.0.10"]), endpoints("web", tb.pods))
+    tb.exec(tb.node, ["ip", "link", "set", "up0", "down"])  # the node address's interface
+    try:
+        harness.source.poll()
+        assert not asyncio.run(harness.proxier.sync())
+        error = harness.proxier.stats.last_error or ""
+        assert "cannot replace route" in error and "Network is down" in error, error
+        failures = harness.proxier.metrics.registry.get_sample_value(
+            "lace_proxy_sync_failures_total", {"mode": "full"}
+        )
+        assert failures == 1
+        assert harness.routes is not None and harness.routes.held()[1] == set()
+        state = harness.nft.read_back()  # nftables' own batch went in whole
+        assert state is not None and any(c.startswith("from-") for c in state.chains)
+        assert any(e.startswith("10.96.0.10 . tcp . 80") for e in state.elements["controlled-v4"])
+        tb.exec(tb.node, ["ip", "link", "set", "up0", "up"])
+        assert asyncio.run(harness.proxier.sync())
+        assert harness.proxier.stats.failures_in_a_row == 0
+        assert {r.dst for r in harness.routes.held()[1]} == {SERVICE_CIDR4}
+    finally:
+        tb.exec(tb.node, ["ip", "link", "set", "up0", "up"])
+        harness.close()
