@@ -72,6 +72,7 @@ DENY = "reject with icmpx admin-prohibited"
 #: The node's own connection to a ClusterIP outside lace.serviceCIDRs, in IPVS mode: no route
 #: to the proxy (nftables mode lets it leave by the node's routes).
 UNROUTED = "reject with icmpx no-route"
+SHARED_CHAIN = re.compile(rf"^(?:{'|'.join((*SHARED_KINDS, 'arec'))})-v[46]-[0-9]+$")
 SAFE_COMMENT = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
 IFNAME_PREFIX = re.compile(r"^[A-Za-z0-9._-]{1,15}$")
 TABLE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
@@ -923,6 +924,8 @@ class NftablesBackend:
         for container, element in refs:
             merged.element(container, element)
         shared = merged.needs | set(self.renderer.precreated())
+        if kernel is not None:  # shared chains stay once made, as after `apply`
+            shared |= {name for name in kernel.rules if SHARED_CHAIN.match(name)}
         for name in shared:
             merged.chains[name] = self.renderer.shared_chain(name)
         networks = self.renderer.render_networks(layout)
@@ -989,7 +992,8 @@ class NftablesBackend:
         if self._skeleton() not in kernel.rules:
             return None
         for name, count in r.base_rule_counts().items():
-            if len(kernel.rules.get(name, ())) != count:
+            # (The network model's chains are declared by the skeleton, filled by plans.)
+            if name not in merged.chains and len(kernel.rules.get(name, ())) != count:
                 return None
         if not r.base_containers() <= kernel.containers.keys():
             return None
