@@ -114,9 +114,21 @@ def talk(sock: socket.socket, word: str) -> str:
     return name
 
 
+def echo_answers(tb: Testbed) -> bool:
+    try:
+        with tb.client.ns.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.settimeout(0.5)
+            sock.connect((ECHO, ECHO_PORT))
+            talk(sock, "ready?")
+            return True
+    except OSError:
+        return False
+
+
 def test_kill_9_and_restart_loses_no_connection(running: tuple[Testbed, Path, Proxy]) -> None:
     tb, folder, proxy = running
     wait_for(lambda: request_tcp(tb.client, WEB, 80, timeout=0.5).outcome == "reply")
+    wait_for(lambda: echo_answers(tb))
     held = []
     for _ in range(6):
         sock = tb.client.ns.socket(socket.AF_INET, socket.SOCK_STREAM)
