@@ -62,6 +62,17 @@ class Transaction:
         return "\n".join(self.commands) + "\n"
 
 
+#: What nft prints of a dynamic element's timer ("… timeout 3h expires 2h59m : …").
+_TIMERS = re.compile(r" (?:timeout|expires) [0-9dhms]+")
+
+
+def _in_table(item: dict[str, Any], family: str, table: str) -> bool:
+    obj = next(iter(item.values()))
+    if not isinstance(obj, dict) or obj.get("family") != family:
+        return False
+    return obj.get("table", obj.get("name") if "table" in item else None) == table
+
+
 def _json(out: str, what: str) -> dict[str, Any]:
     """nft's JSON output; nft 1.0.6 prints broken JSON for some objects (a table another
     program holds with `flags owner`), which is a clear error, not a parser traceback."""
@@ -95,15 +106,47 @@ class Nft:
         if tx.commands:
             self._run(["-f", "-"], tx.text())
 
-    def list_table(self, family: str, table: str, terse: bool = False) -> dict[str, Any] | None:
-        """The table as nft's JSON objects (without set elements if terse), or None if absent."""
+    def table_objects(self, family: str, table: str) -> dict[str, Any] | None:
+        """The table's chains, rules, maps and sets (no elements) as nft's JSON objects, or
+        None if it is absent.
+
+        Read from the terse ruleset: nft lists a whole ruleset without elements in
+        milliseconds, but `list table -t` fetches every element first (seconds at 30k
+        services). nft 1.0.6 prints broken JSON for a table of another program's with
+        `flags owner`; then only our table is listed.
+        """
         try:
-            out = self._run([*(["-t"] if terse else []), "-j", "list", "table", family, table])
+            raw = self.ruleset()
+        except NftError:
+            return self._list_table_terse(family, table)
+        items = [
+            item
+            for item in raw.get("nftables", [])
+            if _in_table(item, family, table) or "metainfo" in item
+        ]
+        if not any("table" in item for item in items):
+            return None
+        return {"nftables": items}
+
+    def _list_table_terse(self, family: str, table: str) -> dict[str, Any] | None:
+        try:
+            out = self._run(["-t", "-j", "list", "table", family, table])
         except NftError as exc:
             if "No such file or directory" in exc.stderr:
                 return None
             raise
         return _json(out, f"list table {family} {table}")
+
+    def list_elements(self, kind: str, family: str, table: str, name: str) -> list[str]:
+        """The elements of one map or set, in nft's text (the syntax they are added in; a
+        million elements read lighter as text than as JSON), without timeout and expiry."""
+        out = self._run(["list", kind, family, table, name])
+        start = out.find("elements = {")
+        if start < 0:
+            return []
+        end = out.rfind("}", 0, out.rfind("}", 0, out.rfind("}")))  # the map's, the table's
+        body = out[start + len("elements = {") : end]
+        return [_TIMERS.sub("", e.strip()) for e in body.split(",") if e.strip()]
 
     def ruleset(self) -> dict[str, Any]:
         """Every table and chain as nft's JSON objects (terse: no set elements)."""

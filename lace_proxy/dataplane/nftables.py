@@ -33,6 +33,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import ipaddress
+import logging
 import re
 from collections import Counter
 from collections.abc import Iterable
@@ -47,6 +48,8 @@ from lace_proxy.dataplane.conntrack import (
 from lace_proxy.dataplane.nft import Nft, Transaction
 from lace_proxy.networks.graph import NetworkLayout
 from lace_proxy.table import Changeset
+
+log = logging.getLogger(__name__)
 
 #: Shared chain kinds: lb (DNAT by endpoint count), ext (masquerade, then lb), npc (NodePort
 #: DNAT), np (masquerade, then npc), xl / npl (externalTrafficPolicy Local, by local count);
@@ -64,6 +67,8 @@ AFFINITY_SIZE = 1 << 20
 KEPT = ("affinity-v4", "affinity-v6")
 #: Changes whenever what a table's skeleton means changes (see NftablesBackend._skeleton).
 SKELETON_VERSION = 1
+#: Every this many full syncs read every element back (see NftablesBackend.full_sync).
+VERIFY_EVERY = 10
 #: Chains the network model fills (see Renderer.render_networks); empty without it.
 ACCESS_CHAINS = ("access", "host-access", "unproxied")
 #: What a connection the network model does not allow gets: an ICMP error no other part of
@@ -866,8 +871,11 @@ class NftablesBackend:
         settings: NftablesSettings,
         nft: Nft | None = None,
         conntrack: Conntrack | None = None,
+        *,
+        verify_every: int = VERIFY_EVERY,
     ) -> None:
         self.settings = settings
+        self.verify_every = verify_every
         self.nft = nft or Nft()
         self.conntrack = conntrack
         self.renderer = Renderer(settings)
@@ -879,6 +887,10 @@ class NftablesBackend:
         self._networks = self.renderer.render_networks(NO_NETWORKS)
         # The first full sync adopts the affinity ids a previous process left in the kernel.
         self._synced = False
+        # Whether the kernel holds what this process programmed (no batch refused since the
+        # last verified full sync), and how many full syncs ago that one was.
+        self._trusted = False
+        self._since_verified = 0
 
     @property
     def table(self) -> str:
@@ -892,25 +904,77 @@ class NftablesBackend:
     ) -> int:
         """Bring the table to these plans by diff; returns the command count.
 
-        Used for the first sync (also after a restart) and the periodic reconcile. The
-        kernel's table is read back and only what differs is programmed, in one atomic batch:
-        nothing is flushed, so a restarted proxy adopts what its predecessor made (affinity
-        ids and clients' pinned endpoints included) and drift is repaired element by element.
-        Where the difference is not expressible that way (no table yet, a skeleton of another
-        version, a chain looking up a typeof map to make) the table's contents are replaced
-        in one batch instead, which still leaves no moment without rules.
+        Used for the first sync (also after a restart) and the periodic reconcile. The first
+        one of a process, the one after a refused transaction, and every `verify_every`-th
+        read every element back (seconds at 30k services: nft lists ~40k elements a second)
+        and program only what differs, in one atomic batch: nothing is flushed, so a
+        restarted proxy adopts what its predecessor made (affinity ids and clients' pinned
+        endpoints included) and drift is repaired element by element. The others program
+        `changes` as `apply` does and check the table's structure (chains, rules, sets: read
+        in milliseconds) against the plans, verifying every element only if it differs.
         """
         plans = list(plans)
-        t = self.settings.table
-        raw = self.nft.list_table(self.family, t)
-        kernel = None if raw is None else KernelState.from_json(raw)
-        ids = self.renderer.affinity_ids
+        if (
+            self._synced
+            and self._trusted
+            and changes is not None
+            and self._since_verified + 1 < self.verify_every
+        ):
+            try:
+                count = self.apply(changes, layout)
+            except FullSyncRequired:
+                pass
+            else:
+                merged = self._render_all(plans, layout, None)[0]
+                kernel = self._read(elements=False)
+                tx = None if kernel is None else self._reconcile(merged, kernel, {})
+                if tx is not None and not tx.commands:
+                    self._since_verified += 1
+                    return count
+                log.warning("nftables: table %s is not as programmed; verifying it", self.table)
+        return self._verified_sync(plans, changes, layout)
+
+    def _verified_sync(
+        self, plans: list[Any], changes: Changeset | None, layout: NetworkLayout
+    ) -> int:
+        """full_sync with every element read back (see there)."""
+        kernel = self._read(elements=True)
         if kernel is not None and not self._synced:
+            ids = self.renderer.affinity_ids
             adoptable = _kernel_affinity_ids(kernel)
             for plan in plans:
                 found = adoptable.get(f"{plan.cluster_ip} . {plan.protocol.lower()} . {plan.port}")
                 if found is not None and _needs_id(plan):
                     ids.adopt(plan.id, *found)
+        merged, refs, shared, networks = self._render_all(plans, layout, kernel)
+        diff: dict[str, tuple[set[str], set[str]]] = {}
+        tx = None
+        if kernel is not None:
+            diff = self._element_diff(merged, kernel)
+            tx = self._reconcile(merged, kernel, diff)
+        if tx is None:
+            tx = self._rewrite(merged, networks, kernel)
+        self._apply(tx)
+        self._refs = refs
+        self._shared_chains = shared
+        self._networks, self._programmed_layout = networks, layout
+        self._synced = self._trusted = True
+        self._since_verified = 0
+        if self.conntrack is not None:
+            if kernel is not None:
+                # What the kernel held is known: only flows it translated to endpoints now
+                # gone, or left alone for frontends now served, are stale.
+                self.conntrack.delete_udp(stale_udp_filters_by_elements(diff))
+            elif changes is not None:
+                self.conntrack.delete_udp(stale_udp_filters(changes))
+        return len(tx)
+
+    def _render_all(
+        self, plans: list[Any], layout: NetworkLayout, kernel: KernelState | None
+    ) -> tuple[Rendered, Counter[tuple[str, str]], set[str], Rendered]:
+        """Every plan's objects merged, with the shared elements and chains and the network
+        model's objects: what the table must hold (and its shared-element counts)."""
+        ids = self.renderer.affinity_ids
         ids.keep_only({p.id for p in plans if _needs_id(p)})
         for plan in sorted(plans, key=lambda p: p.id):  # deterministic probing
             if _needs_id(plan):
@@ -923,33 +987,37 @@ class NftablesBackend:
             _merge_into(merged, r)
         for container, element in refs:
             merged.element(container, element)
-        shared = merged.needs | set(self.renderer.precreated())
+        shared = merged.needs | set(self.renderer.precreated()) | self._shared_chains
         if kernel is not None:  # shared chains stay once made, as after `apply`
             shared |= {name for name in kernel.rules if SHARED_CHAIN.match(name)}
         for name in shared:
             merged.chains[name] = self.renderer.shared_chain(name)
         networks = self.renderer.render_networks(layout)
         _merge_into(merged, networks)
-        diff: dict[str, tuple[set[str], set[str]]] = {}
-        tx = None
-        if kernel is not None:
-            diff = self._element_diff(merged, kernel)
-            tx = self._reconcile(merged, kernel, diff)
-        if tx is None:
-            tx = self._rewrite(merged, networks, kernel)
-        self.nft.apply(tx)
-        self._refs = refs
-        self._shared_chains = shared
-        self._networks, self._programmed_layout = networks, layout
-        self._synced = True
-        if self.conntrack is not None:
-            if kernel is not None:
-                # What the kernel held is known: only flows it translated to endpoints now
-                # gone, or left alone for frontends now served, are stale.
-                self.conntrack.delete_udp(stale_udp_filters_by_elements(diff))
-            elif changes is not None:
-                self.conntrack.delete_udp(stale_udp_filters(changes))
-        return len(tx)
+        return merged, refs, shared, networks
+
+    def _read(self, *, elements: bool) -> KernelState | None:
+        """Our table as the kernel holds it (None if absent); with `elements`, every map's
+        and set's elements too (but the dynamic ones, which the packet path writes)."""
+        t = self.settings.table
+        raw = self.nft.table_objects(self.family, t)
+        if raw is None:
+            return None
+        state = KernelState.from_json(raw)
+        if elements:
+            for name, kind in state.containers.items():
+                if not _dynamic(name):
+                    state.elements[name] = set(self.nft.list_elements(kind, self.family, t, name))
+        return state
+
+    def _apply(self, tx: Transaction) -> None:
+        """Apply a batch; one the kernel refused leaves the table's state unknown to us, so
+        the next full sync verifies every element."""
+        try:
+            self.nft.apply(tx)
+        except Exception:
+            self._trusted = False
+            raise
 
     def _element_diff(
         self, merged: Rendered, kernel: KernelState
@@ -1140,7 +1208,7 @@ class NftablesBackend:
         tx.extend(f"delete chain inet {t} {name}" for name in gone)
         for name in sorted(old.sets.keys() - new.sets.keys()):
             tx.add(f"delete set inet {t} {name}")
-        self.nft.apply(tx)
+        self._apply(tx)
         self._networks, self._programmed_layout = networks, layout
         still = {after.id for _, after in changes.updated if _needs_id(after)}
         for plan in (*changes.removed, *(before for before, _ in changes.updated)):
@@ -1174,8 +1242,14 @@ class NftablesBackend:
 
     def read_back(self) -> KernelState | None:
         """What the kernel holds in our table, for the CLI, adoption and tests."""
-        raw = self.nft.list_table(self.family, self.settings.table)
-        return None if raw is None else KernelState.from_json(raw)
+        state = self._read(elements=True)
+        if state is not None:
+            for name, kind in state.containers.items():
+                if _dynamic(name):
+                    state.elements[name] = set(
+                        self.nft.list_elements(kind, self.family, self.settings.table, name)
+                    )
+        return state
 
     def _chain_decl(self, name: str, comment: str | None) -> str:
         body = f' {{ comment "{comment}"; }}' if comment else ""
@@ -1348,34 +1422,6 @@ class KernelState:
                 kind = "map" if "map" in item else "set"
                 obj = item[kind]
                 containers[obj["name"]] = kind
-                elements[obj["name"]] = {_render_json(e) for e in obj.get("elem", [])}
+                elements[obj["name"]] = set()  # read one by one (NftablesBackend._read)
         chains = {name: len(r) for name, r in rules.items()}
         return cls(chains, comments, elements, rules, containers)
-
-
-def _render_json(element: Any) -> str:
-    """A map/set element from nft's JSON in the text form the renderer writes."""
-    if isinstance(element, list) and len(element) == 2:
-        key, value = element
-        verdict = isinstance(value, dict) and not value.keys() & {"concat", "prefix", "elem"}
-        shown = _render_verdict(value) if verdict else _render_json(value)
-        return f"{_render_json(key)} : {shown}"
-    if isinstance(element, dict):
-        if "concat" in element:
-            return " . ".join(_render_json(p) for p in element["concat"])
-        if "prefix" in element:
-            return f"{element['prefix']['addr']}/{element['prefix']['len']}"
-        if "range" in element:
-            first, last = element["range"]
-            return f"{first}-{last}"
-        if "elem" in element:
-            return _render_json(element["elem"]["val"])
-    return str(element)
-
-
-def _render_verdict(verdict: dict[str, Any]) -> str:
-    if "goto" in verdict:
-        return f"goto {verdict['goto']['target']}"
-    if "jump" in verdict:
-        return f"jump {verdict['jump']['target']}"
-    return next(iter(verdict))

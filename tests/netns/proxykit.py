@@ -100,6 +100,8 @@ def endpoints(
 class Harness:
     """The proxy's own pipeline, synced on demand, programming a testbed's node.
 
+    Every full sync reads every element back (`verify_every`; the proxy's default is 10), so a
+    test's full sync repairs any tampering at once.
     `node` is the namespace programmed (the single-node testbed's node by default) and
     `node_name` the Node it is; `routing` turns on the policy routes; `mode` "ipvs" programs
     IPVS (plus nftables without translation; needs an IPVS kernel: tests/vm); `pod_networks`
@@ -117,6 +119,7 @@ class Harness:
         mode: str = "nftables",
         ipvs: IpvsSettings | None = None,
         pod_networks: Callable[[tuple[str, ...]], None] | None = None,
+        verify_every: int = 1,
         **settings: Any,
     ) -> None:
         self.tb = tb
@@ -126,7 +129,9 @@ class Harness:
         settings.setdefault("cluster_cidrs", (POD_CIDR4, POD_CIDR6))
         if mode == "ipvs":
             settings["translate"] = False
-        self.nft = NftablesBackend(NftablesSettings(**settings), Nft(netns), Conntrack(netns))
+        self.nft = NftablesBackend(
+            NftablesSettings(**settings), Nft(netns), Conntrack(netns), verify_every=verify_every
+        )
         self.backend: NftablesBackend | IpvsBackend = (
             IpvsBackend(ipvs or IpvsSettings(), self.nft, netns) if mode == "ipvs" else self.nft
         )

@@ -30,6 +30,11 @@ class RecordingNft(Nft):
     def __init__(self, netns: str) -> None:
         super().__init__(netns)
         self.applied: list[Transaction] = []
+        self.read: list[str] = []  # the maps and sets whose elements were listed
+
+    def list_elements(self, kind: str, family: str, table: str, name: str) -> list[str]:
+        self.read.append(name)
+        return super().list_elements(kind, family, table, name)
 
     def apply(self, tx: Transaction) -> None:
         super().apply(tx)
@@ -42,9 +47,9 @@ def tb(make_testbed: Callable[..., Testbed]) -> Testbed:
     return make_testbed(pods=3)
 
 
-def proxy(tb: Testbed, folder: Path) -> tuple[Harness, RecordingNft]:
+def proxy(tb: Testbed, folder: Path, verify_every: int = 1) -> tuple[Harness, RecordingNft]:
     """A proxy pipeline as a freshly started process has it, recording its transactions."""
-    harness = Harness(tb, folder)
+    harness = Harness(tb, folder, verify_every=verify_every)
     recorder = RecordingNft(tb.node.ns.name)
     harness.nft.nft = recorder
     return harness, recorder
@@ -213,6 +218,28 @@ def test_drift_is_repaired_element_by_element(tb: Testbed, tmp_path: Path) -> No
         "pod2",
         "pod3",
     }
+
+
+def test_a_plain_full_sync_reads_no_element_but_notices_a_changed_structure(
+    tb: Testbed, tmp_path: Path
+) -> None:
+    harness, recorder = proxy(tb, tmp_path / "m", verify_every=10)
+    program(harness, every_kind(tb))
+    recorder.applied.clear()
+    recorder.read.clear()
+    element = f"{{ {VIP4} . tcp . 80 . 1 }}"
+    tb.exec(tb.node, ["nft", "delete", "element", "inet", "lace-proxy", "endpoints-v4", element])
+    # Listing a million elements takes nft tens of seconds: a periodic full sync does not.
+    harness.sync(full=True)
+    assert (recorder.read, recorder.applied) == ([], [])
+    # A changed structure is seen (chains and rules are read in milliseconds), and then
+    # every element is verified: the deleted one comes back too.
+    tb.exec(tb.node, ["nft", "flush", "chain", "inet", "lace-proxy", "ext-v4-2"])
+    harness.sync(full=True)
+    assert "endpoints-v4" in recorder.read
+    (tx,) = recorder.applied
+    assert any(c.startswith("add element inet lace-proxy endpoints-v4") for c in tx.commands)
+    assert "flush chain inet lace-proxy ext-v4-2" in tx.commands
 
 
 def test_clients_keep_their_affinity_across_a_restart(tb: Testbed, tmp_path: Path) -> None:

@@ -277,6 +277,7 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[], 
             if not made:
                 harness = Harness(tb, tmp_path_factory.mktemp("fuzz"))
                 harness.nft.nft = RecordingNft(tb.node.ns.name)
+                harness.nft.verify_every = 1  # every full sync reads every element back
                 made.append(harness)
             return made[0]
 

@@ -116,7 +116,8 @@ def test_periodic_full_syncs_happen_even_while_changes_keep_coming(tb: Testbed) 
 
 
 def test_periodic_full_sync_repairs_drift(tb: Testbed) -> None:
-    proxier, _ = make(tb, min_sync_period=0.05, sync_period=1.0)
+    proxier, backend = make(tb, min_sync_period=0.05, sync_period=0.3)
+    backend.verify_every = 3  # every third full sync reads every element back
 
     async def scenario() -> None:
         web(tb, proxier)
@@ -127,7 +128,7 @@ def test_periodic_full_sync_repairs_drift(tb: Testbed) -> None:
         tb.exec(tb.node, ["nft", "flush", "map", "inet", "lace-proxy", "service-ips-v4"])
         assert await answers(tb, 3) != {"pod1", "pod2", "pod3"}
         full_before = proxier.stats.full_syncs
-        await eventually(lambda: proxier.stats.full_syncs > full_before, timeout=5)
+        await eventually(lambda: proxier.stats.full_syncs >= full_before + 3, timeout=5)
         assert await answers(tb) == {"pod1", "pod2", "pod3"}
 
     run(proxier, scenario)
