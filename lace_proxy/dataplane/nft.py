@@ -139,8 +139,14 @@ class Nft:
 
     def list_elements(self, kind: str, family: str, table: str, name: str) -> list[str]:
         """The elements of one map or set, in nft's text (the syntax they are added in; a
-        million elements read lighter as text than as JSON), without timeout and expiry."""
-        out = self._run(["list", kind, family, table, name])
+        million elements read lighter as text than as JSON), without timeout and expiry;
+        none if it is gone (another process, e.g. the running proxy, deleted it meanwhile)."""
+        try:
+            out = self._run(["list", kind, family, table, name])
+        except NftError as exc:
+            if "No such file or directory" in exc.stderr:
+                return []
+            raise
         start = out.find("elements = {")
         if start < 0:
             return []
