@@ -82,6 +82,9 @@ SAFE_COMMENT = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
 IFNAME_PREFIX = re.compile(r"^[A-Za-z0-9._-]{1,15}$")
 TABLE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
 FAMILIES = (4, 6)
+#: What adopting a previous process's affinity ids reads: the ids, then the endpoints.
+AFFINITY_IDS = tuple(f"affinity{k}-ids-v{f}" for f in FAMILIES for k in ("", "-nodeport"))
+AFFINITY_ENDPOINTS = tuple(f"{k}endpoints-v{f}" for f in FAMILIES for k in ("", "nodeport-"))
 
 
 #: The layout without Network objects: plain kube-proxy.
@@ -938,8 +941,11 @@ class NftablesBackend:
         self, plans: list[Any], changes: Changeset | None, layout: NetworkLayout
     ) -> int:
         """full_sync with every element read back (see there)."""
-        kernel = self._read(elements=True)
+        kernel = self._read(elements=False)
         if kernel is not None and not self._synced:
+            self._load(kernel, AFFINITY_IDS)
+            if any(kernel.elements.get(c) for c in AFFINITY_IDS):
+                self._load(kernel, AFFINITY_ENDPOINTS)
             ids = self.renderer.affinity_ids
             adoptable = _kernel_affinity_ids(kernel)
             for plan in plans:
@@ -1010,6 +1016,14 @@ class NftablesBackend:
                     state.elements[name] = set(self.nft.list_elements(kind, self.family, t, name))
         return state
 
+    def _load(self, kernel: KernelState, containers: Iterable[str]) -> None:
+        """Read these containers' elements into `kernel` (those it has)."""
+        for name in containers:
+            kind = kernel.containers.get(name)
+            if kind is not None:
+                elements = self.nft.list_elements(kind, self.family, self.settings.table, name)
+                kernel.elements[name] = set(elements)
+
     def _apply(self, tx: Transaction) -> None:
         """Apply a batch; one the kernel refused leaves the table's state unknown to us, so
         the next full sync verifies every element."""
@@ -1023,17 +1037,23 @@ class NftablesBackend:
         self, merged: Rendered, kernel: KernelState
     ) -> dict[str, tuple[set[str], set[str]]]:
         """Per container: the kernel's elements that are not wanted, and the wanted ones it
-        lacks (dynamic state excluded). Elements are compared as text first; the few left
+        lacks (dynamic state excluded), each container's listed now unless `kernel` holds
+        them already (and dropped from it). Elements are compared as text first; the few left
         over are compared canonically (nft prints a /32 in an interval set as an address, a
         range that is a prefix as the prefix, a mark as a decimal number)."""
         wanted = {**merged.elements}
         for container, values in self.renderer.base_elements().items():
             wanted.setdefault(container, set()).update(values)
         out: dict[str, tuple[set[str], set[str]]] = {}
-        for container in wanted.keys() | kernel.elements.keys():
-            if _dynamic(container) or container not in kernel.containers:
+        t = self.settings.table
+        for container in sorted(wanted.keys() | kernel.containers.keys()):
+            kind = kernel.containers.get(container)
+            if _dynamic(container) or kind is None:
                 continue
-            have = kernel.elements.get(container, set())
+            # One map at a time, dropped once compared: at 30k services they hold ~1M.
+            have = kernel.elements.pop(container, None)
+            if have is None:
+                have = set(self.nft.list_elements(kind, self.family, t, container))
             want = wanted.get(container, set())
             gone, new = have - want, want - have
             if gone and new:
@@ -1421,7 +1441,6 @@ class KernelState:
             elif "map" in item or "set" in item:
                 kind = "map" if "map" in item else "set"
                 obj = item[kind]
-                containers[obj["name"]] = kind
-                elements[obj["name"]] = set()  # read one by one (NftablesBackend._read)
+                containers[obj["name"]] = kind  # elements: read one by one (_read, _load)
         chains = {name: len(r) for name, r in rules.items()}
         return cls(chains, comments, elements, rules, containers)

@@ -16,14 +16,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from lace_proxy.sandbox.testbed import POD_CIDR4, Result, Testbed, request_tcp
+from lace_proxy.sandbox.testbed import Result, Testbed, request_tcp
 
 from ..conftest import MODES
-from .proxykit import NODE, endpoints, service
-from .test_run import lace_proxy, wait_for, write
+from .proxykit import endpoints, service
+from .test_run import run_argv, wait_for, write
 
 pytestmark = pytest.mark.netns
 
@@ -35,24 +36,7 @@ class Proxy:
     """`lace-proxy run` in the node's namespace, started and killed at will."""
 
     def __init__(self, tb: Testbed, folder: Path, mode: str, tmp: Path) -> None:
-        self.argv = lace_proxy(
-            tb,
-            "run",
-            "--manifests",
-            str(folder),
-            "--hostname-override",
-            NODE,
-            "--cluster-cidr",
-            POD_CIDR4,
-            "--min-sync-period",
-            "100ms",
-            "--poll-interval",
-            "0.1",
-            "--proxy-mode",
-            mode,
-            "--state-socket",
-            str(tmp / "state.sock"),
-        )
+        self.argv = run_argv(tb, folder, mode, tmp / "state.sock")
         self.logs = tmp / "proxy.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -71,6 +55,16 @@ class Proxy:
             self.proc.wait(timeout=60)
 
 
+def services(tb: Testbed) -> list[dict[str, Any]]:
+    """web (answers once) and echo (holds connections), over every pod."""
+    return [
+        service("web", [WEB]),
+        endpoints("web", tb.pods),
+        service("echo", [ECHO], port=ECHO_PORT, target=ECHO_PORT),
+        endpoints("echo", tb.pods, port=ECHO_PORT, name="echo"),
+    ]
+
+
 @pytest.fixture(params=MODES)
 def running(
     request: pytest.FixtureRequest, make_testbed: Callable[..., Testbed], tmp_path: Path
@@ -80,13 +74,7 @@ def running(
         tb.serve(pod, (), echo_ports=(ECHO_PORT,))
     folder = tmp_path / "manifests"
     folder.mkdir()
-    write(
-        folder,
-        service("web", [WEB]),
-        endpoints("web", tb.pods),
-        service("echo", [ECHO], port=ECHO_PORT, target=ECHO_PORT),
-        endpoints("echo", tb.pods, port=ECHO_PORT, name="echo"),
-    )
+    write(folder, *services(tb))
     proxy = Proxy(tb, folder, request.param, tmp_path)
     proxy.start()
     try:
@@ -152,15 +140,7 @@ def test_kill_9_and_restart_loses_no_connection(running: tuple[Testbed, Path, Pr
         before = rule_handles(tb)
         proxy.kill()
         # While it is down: the kernel keeps serving, and a service is added.
-        write(
-            folder,
-            service("web", [WEB]),
-            endpoints("web", tb.pods),
-            service("echo", [ECHO], port=ECHO_PORT, target=ECHO_PORT),
-            endpoints("echo", tb.pods, port=ECHO_PORT, name="echo"),
-            service("late", [LATE]),
-            endpoints("late", tb.pods[:1], name="late"),
-        )
+        write(folder, *services(tb), service("late", [LATE]), endpoints("late", tb.pods[:1]))
         time.sleep(1.0)
         proxy.start()
         wait_for(lambda: request_tcp(tb.client, LATE, 80, timeout=0.5).outcome == "reply")

@@ -48,16 +48,9 @@ def lace_proxy(tb: Testbed, *args: str) -> list[str]:
     return ["ip", "netns", "exec", tb.node.ns.name, sys.executable, "-m", "lace_proxy", *args]
 
 
-@pytest.fixture(params=MODES)
-def running(
-    request: pytest.FixtureRequest, make_testbed: Callable[..., Testbed], tmp_path: Path
-) -> Iterator[tuple[Testbed, Path, str]]:
-    """`lace-proxy run` in each mode (IPVS inside the VM: tests/vm): testbed, folder, mode."""
-    tb = make_testbed(pods=3)
-    folder = tmp_path / "manifests"
-    folder.mkdir()
-    (folder / "web.yaml").write_text("")
-    argv = lace_proxy(
+def run_argv(tb: Testbed, folder: Path, mode: str, state_socket: Path) -> list[str]:
+    """`lace-proxy run` on the node, following `folder` quickly, in `mode`."""
+    return lace_proxy(
         tb,
         "run",
         "--manifests",
@@ -71,10 +64,22 @@ def running(
         "--poll-interval",
         "0.1",
         "--proxy-mode",
-        request.param,
+        mode,
         "--state-socket",
-        str(tmp_path / "state.sock"),
+        str(state_socket),
     )
+
+
+@pytest.fixture(params=MODES)
+def running(
+    request: pytest.FixtureRequest, make_testbed: Callable[..., Testbed], tmp_path: Path
+) -> Iterator[tuple[Testbed, Path, str]]:
+    """`lace-proxy run` in each mode (IPVS inside the VM: tests/vm): testbed, folder, mode."""
+    tb = make_testbed(pods=3)
+    folder = tmp_path / "manifests"
+    folder.mkdir()
+    (folder / "web.yaml").write_text("")
+    argv = run_argv(tb, folder, request.param, tmp_path / "state.sock")
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
     try:
         yield tb, folder, request.param
