@@ -82,6 +82,29 @@ def _json(out: str, what: str) -> dict[str, Any]:
         raise NftError(f"nft -j {what}: unreadable output ({exc})", out[-200:]) from exc
 
 
+class TableListing:
+    """`nft list table` output, each map's or set's elements parsed when asked for."""
+
+    _HEADER = re.compile(r"^\t(?:map|set) (\S+) \{$", re.M)
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+        self._sections: dict[str, tuple[int, int]] = {}
+        for match in self._HEADER.finditer(text):
+            end = text.find("\n\t}", match.end())
+            self._sections[match.group(1)] = (match.end(), end if end >= 0 else len(text))
+
+    def elements(self, name: str) -> list[str]:
+        """The elements of map or set `name` in the syntax they are added in, without
+        timeout and expiry; none if it has none (or is not in the listing)."""
+        start, end = self._sections.get(name, (0, 0))
+        first = self._text.find("elements = {", start, end)
+        if first < 0:
+            return []
+        body = self._text[first + len("elements = {") : self._text.rfind("}", first, end)]
+        return [_TIMERS.sub("", e.strip()) for e in body.split(",") if e.strip()]
+
+
 class Nft:
     """Runs nft, in the current network namespace or in a named one (for tests and sandboxes)."""
 
@@ -137,22 +160,15 @@ class Nft:
             raise
         return _json(out, f"list table {family} {table}")
 
-    def list_elements(self, kind: str, family: str, table: str, name: str) -> list[str]:
-        """The elements of one map or set, in nft's text (the syntax they are added in; a
-        million elements read lighter as text than as JSON), without timeout and expiry;
-        none if it is gone (another process, e.g. the running proxy, deleted it meanwhile)."""
+    def list_table_text(self, family: str, table: str) -> TableListing | None:
+        """The table as nft prints it, elements included (one nft run; text is lighter to
+        hold than JSON at a million elements), or None if it is absent."""
         try:
-            out = self._run(["list", kind, family, table, name])
+            return TableListing(self._run(["list", "table", family, table]))
         except NftError as exc:
             if "No such file or directory" in exc.stderr:
-                return []
+                return None
             raise
-        start = out.find("elements = {")
-        if start < 0:
-            return []
-        end = out.rfind("}", 0, out.rfind("}", 0, out.rfind("}")))  # the map's, the table's
-        body = out[start + len("elements = {") : end]
-        return [_TIMERS.sub("", e.strip()) for e in body.split(",") if e.strip()]
 
     def ruleset(self) -> dict[str, Any]:
         """Every table and chain as nft's JSON objects (terse: no set elements)."""

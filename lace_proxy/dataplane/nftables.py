@@ -45,7 +45,7 @@ from lace_proxy.dataplane.conntrack import (
     stale_udp_filters,
     stale_udp_filters_by_elements,
 )
-from lace_proxy.dataplane.nft import Nft, Transaction
+from lace_proxy.dataplane.nft import Nft, TableListing, Transaction
 from lace_proxy.networks.graph import NetworkLayout
 from lace_proxy.table import Changeset
 
@@ -941,7 +941,7 @@ class NftablesBackend:
         self, plans: list[Any], changes: Changeset | None, layout: NetworkLayout
     ) -> int:
         """full_sync with every element read back (see there)."""
-        kernel = self._read(elements=False)
+        kernel = self._read(elements=True)
         if kernel is not None and not self._synced:
             self._load(kernel, AFFINITY_IDS)
             if any(kernel.elements.get(c) for c in AFFINITY_IDS):
@@ -1003,26 +1003,23 @@ class NftablesBackend:
         return merged, refs, shared, networks
 
     def _read(self, *, elements: bool) -> KernelState | None:
-        """Our table as the kernel holds it (None if absent); with `elements`, every map's
-        and set's elements too (but the dynamic ones, which the packet path writes)."""
+        """Our table as the kernel holds it (None if absent); with `elements`, the listing
+        its maps' and sets' elements are parsed from (`_load`)."""
         t = self.settings.table
         raw = self.nft.table_objects(self.family, t)
         if raw is None:
             return None
         state = KernelState.from_json(raw)
         if elements:
-            for name, kind in state.containers.items():
-                if not _dynamic(name):
-                    state.elements[name] = set(self.nft.list_elements(kind, self.family, t, name))
+            state.listing = self.nft.list_table_text(self.family, t)
         return state
 
-    def _load(self, kernel: KernelState, containers: Iterable[str]) -> None:
-        """Read these containers' elements into `kernel` (those it has)."""
+    @staticmethod
+    def _load(kernel: KernelState, containers: Iterable[str]) -> None:
+        """Parse these containers' elements (those the kernel has) into `kernel`."""
         for name in containers:
-            kind = kernel.containers.get(name)
-            if kind is not None:
-                elements = self.nft.list_elements(kind, self.family, self.settings.table, name)
-                kernel.elements[name] = set(elements)
+            if name in kernel.containers and kernel.listing is not None:
+                kernel.elements[name] = set(kernel.listing.elements(name))
 
     def _apply(self, tx: Transaction) -> None:
         """Apply a batch; one the kernel refused leaves the table's state unknown to us, so
@@ -1037,15 +1034,14 @@ class NftablesBackend:
         self, merged: Rendered, kernel: KernelState
     ) -> dict[str, tuple[set[str], set[str]]]:
         """Per container: the kernel's elements that are not wanted, and the wanted ones it
-        lacks (dynamic state excluded), each container's listed now unless `kernel` holds
-        them already (and dropped from it). Elements are compared as text first; the few left
-        over are compared canonically (nft prints a /32 in an interval set as an address, a
-        range that is a prefix as the prefix, a mark as a decimal number)."""
+        lacks (dynamic state excluded), each container's parsed from the listing now unless
+        `kernel` holds them already (and dropped from it). Elements are compared as text
+        first; the few left over canonically (nft prints a /32 in an interval set as an
+        address, a range that is a prefix as the prefix, a mark as a decimal number)."""
         wanted = {**merged.elements}
         for container, values in self.renderer.base_elements().items():
             wanted.setdefault(container, set()).update(values)
         out: dict[str, tuple[set[str], set[str]]] = {}
-        t = self.settings.table
         for container in sorted(wanted.keys() | kernel.containers.keys()):
             kind = kernel.containers.get(container)
             if _dynamic(container) or kind is None:
@@ -1053,7 +1049,8 @@ class NftablesBackend:
             # One map at a time, dropped once compared: at 30k services they hold ~1M.
             have = kernel.elements.pop(container, None)
             if have is None:
-                have = set(self.nft.list_elements(kind, self.family, t, container))
+                listing = kernel.listing
+                have = set() if listing is None else set(listing.elements(container))
             want = wanted.get(container, set())
             gone, new = have - want, want - have
             if gone and new:
@@ -1264,11 +1261,7 @@ class NftablesBackend:
         """What the kernel holds in our table, for the CLI, adoption and tests."""
         state = self._read(elements=True)
         if state is not None:
-            for name, kind in state.containers.items():
-                if _dynamic(name):
-                    state.elements[name] = set(
-                        self.nft.list_elements(kind, self.family, self.settings.table, name)
-                    )
+            self._load(state, state.containers)
         return state
 
     def _chain_decl(self, name: str, comment: str | None) -> str:
@@ -1314,20 +1307,6 @@ def _chain_order(name: str) -> tuple[int, str]:
     rank = {"ep": 0, "svc": 1, "local": 1, "lb": 1, "npc": 1, "arec": 1, "ext": 2, "xl": 2}
     rank |= {"np": 2, "alb": 2, "anp": 2, "aext": 3}
     return rank.get(name.split("-", 1)[0], 9), name
-
-
-def _names(raw: dict[str, Any]) -> tuple[set[str], dict[str, str]]:
-    """Chain names, and set/map names with their kind, from a terse JSON listing."""
-    chains: set[str] = set()
-    containers: dict[str, str] = {}
-    for item in raw.get("nftables", []):
-        if "chain" in item:
-            chains.add(item["chain"]["name"])
-        elif "map" in item:
-            containers[item["map"]["name"]] = "map"
-        elif "set" in item:
-            containers[item["set"]["name"]] = "set"
-    return chains, containers
 
 
 def _collapsed(cidrs: Iterable[str]) -> list[str]:
@@ -1424,6 +1403,8 @@ class KernelState:
     elements: dict[str, set[str]]
     rules: dict[str, list[str | None]] = field(default_factory=dict)
     containers: dict[str, str] = field(default_factory=dict)  # name -> "map" | "set"
+    # Where `elements` are parsed from, when read.
+    listing: TableListing | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> KernelState:
