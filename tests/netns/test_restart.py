@@ -115,7 +115,14 @@ def echo_answers(tb: Testbed) -> bool:
 
 def test_kill_9_and_restart_loses_no_connection(running: tuple[Testbed, Path, Proxy]) -> None:
     tb, folder, proxy = running
-    wait_for(lambda: request_tcp(tb.client, WEB, 80, timeout=0.5).outcome == "reply")
+    # Steady state first: the first sync done in both modes (IPVS mode has been seen to
+    # refuse a connection within its first seconds, under the VM's TCG; not this test's
+    # subject, and noted in the README).
+    wait_for(
+        lambda: all(
+            request_tcp(tb.client, WEB, 80, timeout=0.5).outcome == "reply" for _ in range(20)
+        )
+    )
     wait_for(lambda: echo_answers(tb))
     held = []
     for _ in range(6):
@@ -138,6 +145,7 @@ def test_kill_9_and_restart_loses_no_connection(running: tuple[Testbed, Path, Pr
     try:
         time.sleep(0.5)
         before = rule_handles(tb)
+        kill_at = len(results)
         proxy.kill()
         # While it is down: the kernel keeps serving, and a service is added.
         write(folder, *services(tb), service("late", [LATE]), endpoints("late", tb.pods[:1]))
@@ -149,7 +157,14 @@ def test_kill_9_and_restart_loses_no_connection(running: tuple[Testbed, Path, Pr
         done.set()
         loop.join()
     outcomes = [r.outcome for r in results]
-    assert len(outcomes) > 30 and set(outcomes) == {"reply"}, outcomes
+    if set(outcomes) != {"reply"}:
+        print(proxy.logs.read_text())
+    assert len(outcomes) > 30 and set(outcomes) == {"reply"}, (
+        [(i, o) for i, o in enumerate(outcomes) if o != "reply"][:10],
+        len(outcomes),
+        kill_at,
+        proxy.logs.read_text()[-3000:],
+    )
     for sock, pod in held:
         with sock:
             assert talk(sock, "still there?") == pod
