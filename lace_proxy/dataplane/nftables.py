@@ -1073,14 +1073,16 @@ class NftablesBackend:
         """The batch that turns the kernel's table into `merged`, or None where only a
         rewrite can (see full_sync)."""
         r = self.renderer
-        base_chains = r.base_chains()
-        if self._skeleton() not in kernel.rules:
+        counts = r.base_rule_counts()  # the skeleton's chains
+        base_containers = r.base_containers()
+        skeleton = self._skeleton()
+        if skeleton not in kernel.rules:
             return None
-        for name, count in r.base_rule_counts().items():
+        for name, count in counts.items():
             # (The network model's chains are declared by the skeleton, filled by plans.)
             if name not in merged.chains and len(kernel.rules.get(name, ())) != count:
                 return None
-        if not r.base_containers() <= kernel.containers.keys():
+        if not base_containers <= kernel.containers.keys():
             return None
         missing = {n for n in merged.chains if n not in kernel.rules}
         changed = {
@@ -1106,12 +1108,12 @@ class NftablesBackend:
                 tx.add(f"delete element inet {t} {container} {{ {keys} }}")
             if new:
                 tx.add(f"add element inet {t} {container} {{ {', '.join(sorted(new))} }}")
-        keep = merged.chains.keys() | base_chains | {self._skeleton()}
+        keep = merged.chains.keys() | counts.keys() | {skeleton}
         gone_chains = sorted(kernel.rules.keys() - keep, key=_chain_order, reverse=True)
         tx.extend(f"flush chain inet {t} {name}" for name in gone_chains)
         tx.extend(f"delete chain inet {t} {name}" for name in gone_chains)
         for name, kind in sorted(kernel.containers.items()):
-            if name not in merged.sets and name not in r.base_containers():
+            if name not in merged.sets and name not in base_containers:
                 tx.add(f"delete {kind} inet {t} {name}")
         return tx
 
