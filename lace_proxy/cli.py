@@ -63,7 +63,7 @@ from lace_proxy.explain import (
 from lace_proxy.health import ProxierHealth, ProxyServers, ServiceHealthServers
 from lace_proxy.metrics import ProxyMetrics
 from lace_proxy.migration import remove_kube_proxy
-from lace_proxy.model import EndpointSlice, LaceObject, Node, Rejections, Service
+from lace_proxy.model import EndpointSlice, LaceObject, Node, Rejections, Service, ServiceCIDR
 from lace_proxy.model.load import LoadResult, load_manifests
 from lace_proxy.networks import NetworkView
 from lace_proxy.networks.graph import NetworkGraph
@@ -122,11 +122,13 @@ def ipvs_settings(cfg: ProxyConfig) -> IpvsSettings:
 
 
 def egress_settings(cfg: ProxyConfig) -> EgressSettings:
-    """The egress SNAT's view of the configuration (lace.egress; pods: clusterCIDR)."""
+    """The egress SNAT's view of the configuration (lace.egress; pods: clusterCIDR; pod
+    interfaces: detectLocal.interfaceNamePrefix)."""
     return EgressSettings(
         table=cfg.lace.egress.table,
         pod_cidrs=tuple(str(n) for n in cfg.cluster_cidr),
         non_masquerade_cidrs=tuple(str(n) for n in cfg.lace.egress.non_masquerade_cidrs),
+        pod_interface_prefix=cfg.detect_local.interface_name_prefix,
     )
 
 
@@ -195,6 +197,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         service_health=service_health,
         routes=PolicyRoutes(routing_settings(cfg)),
         pod_networks=egress.set_pod_networks if egress is not None else None,
+        node_pod_cidrs=egress.set_node_pod_cidrs if egress is not None else None,
     )
     state = StateServer(cfg.lace.state_socket, proxier) if cfg.lace.state_socket else None
     if name == FILES:
@@ -509,6 +512,12 @@ class _NodeRecorder:
     def node_deleted(self, name: str) -> None:
         self.nodes.pop(name, None)
         self.proxier.node_deleted(name)
+
+    def service_cidr_upserted(self, cidr: ServiceCIDR) -> None:
+        self.proxier.service_cidr_upserted(cidr)
+
+    def service_cidr_deleted(self, name: str) -> None:
+        self.proxier.service_cidr_deleted(name)
 
     def lace_upserted(self, obj: LaceObject) -> None:
         self.proxier.lace_upserted(obj)
@@ -990,20 +999,28 @@ def cmd_doctor_egress(args: argparse.Namespace) -> int:
     pod, to = str(pod_ip), str(to_ip)
     nodes: dict[str, list[str]] = {}
     pod_networks: list[str] = []
+    node_pod_cidrs: tuple[str, ...] = ()
     if loaded is not None:
         nodes = {
             name: [a for _, a in node.addresses]
             for name, node in loaded.nodes.items()
             if name != cfg.hostname_override
         }
+        if (this := loaded.nodes.get(cfg.hostname_override)) is not None:
+            node_pod_cidrs = this.pod_cidrs
         layout = NetworkGraph(loaded.lace.values()).layout()
         pod_networks = [prefix for prefix, _ in layout.pod_prefixes]
-    snat = egress_settings(cfg)  # as `run` programs it, plus the pod networks it is told
+    try:
+        snat = egress_settings(cfg)  # as `run` programs it, plus the pod networks it is told
+    except ValueError as exc:  # an interface prefix nft cannot take
+        return bad(exc)
     view = EgressSettingsView(
         enabled=cfg.lace.egress.enabled,
         pod_cidrs=(*snat.pod_cidrs, *pod_networks),
         non_masquerade_cidrs=snat.non_masquerade_cidrs,
         routable_prefixes=tuple(str(n) for n in cfg.lace.egress.routable_prefixes),
+        pod_interface_prefix=snat.pod_interface_prefix,
+        node_pod_cidrs=node_pod_cidrs,
     )
     try:
         with IPRoute(**({"netns": args.netns} if args.netns else {})) as ipr:
@@ -1073,8 +1090,11 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
-    from lace_proxy.sandbox.demo import run_demo
+    from lace_proxy.sandbox.demo import example_manifests, run_demo
 
+    if args.manifests is None:
+        with example_manifests() as manifests:
+            return run_demo(manifests, keep=args.keep, requests=args.requests)
     manifests = Path(args.manifests).resolve()
     if not manifests.exists():
         raise SystemExit(f"lace-proxy: sandbox: no such file or folder: {manifests}")
@@ -1419,9 +1439,9 @@ same endpoint until they close.""",
     )
     sandbox.add_argument(
         "--manifests",
-        default=str(Path(__file__).resolve().parent.parent / "examples" / "sandbox"),
         metavar="DIR",
-        help="the manifest folder to serve (default: the repository's examples/sandbox)",
+        help="the manifest folder to serve (default: the example folder shipped in the "
+        "package, lace_proxy/sandbox/manifests)",
     )
     sandbox.add_argument("--requests", type=int, default=4, help="requests per frontend")
     sandbox.add_argument(

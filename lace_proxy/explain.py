@@ -15,6 +15,7 @@ policies behind it and orders the kernel's checks as the nftables chains do:
   host-local network's reach sets decide, then the endpoint checks (reject/drop).
 * prerouting (everything else): the source's network (`classify`) and its reach sets, then
   loadBalancerSourceRanges, then the endpoint checks. Pod-to-pod traffic is the CNI's.
+* an address of the service CIDRs that no Service holds is dropped, whoever sends to it.
 
 `check_kernel` compares what `explain` expects of the kernel's sets with what
 `NftablesBackend.read_back()` reports, using the renderer's own element text.
@@ -36,6 +37,7 @@ from lace_proxy.dataplane.nftables import (
     _allows_all,
     _h,
     _key,
+    clusterip_ranges,
 )
 from lace_proxy.model import (
     POD_NETWORK_TYPES,
@@ -430,6 +432,23 @@ def _layout(state: State) -> NetworkLayout:
     return state.proxier._layout()
 
 
+def _unallocated(state: State, address: str) -> str | None:
+    """The service CIDR holding `address`, named with where it comes from, if any (the
+    `clusterip-ranges` sets: ServiceCIDR objects, else lace.serviceCIDRs)."""
+    layout = _layout(state)
+    cidr = next(
+        (c for c in clusterip_ranges(layout, state.settings) if _covered(address, [c])), None
+    )
+    if cidr is None:
+        return None
+    if not layout.service_cidrs:
+        return f"{cidr} (lace.serviceCIDRs; the cluster has no ServiceCIDR objects)"
+    owners = sorted(
+        name for name, obj in state.proxier.service_cidrs.items() if _covered(address, obj.cidrs)
+    )
+    return f"{cidr} (ServiceCIDR {', '.join(owners)})"
+
+
 def _host_unpeered(state: State, layout: NetworkLayout, address: str) -> tuple[str | None, bool]:
     """(the pod network host-local is not peered to that `address` classifies into, whether it
     is in the node's own podCIDRs): the `host-unpeered` and `local-pod-cidrs` sets of output."""
@@ -665,6 +684,23 @@ def _explain_address(state: State, e: Explanation) -> Explanation:
         ]
         reason = "a ClusterIP answers only on its service ports: anything else is refused"
         return _done(e, REJECTED, reason, expects, backends=())
+    unallocated = _unallocated(state, q.destination)
+    if unallocated is not None:
+        e = _replace(
+            e,
+            destination_kind="unallocated ClusterIP",
+            destination=f"an address of service CIDR {unallocated} that no Service holds",
+        )
+        expects = [
+            Expect(
+                (f"clusterip-ranges-{v}",), q.destination, True, "the service CIDRs", covers=True
+            )
+        ]
+        reason = (
+            "no Service holds this address of the service CIDRs: new connections to it are "
+            "dropped (neither forwarded nor sent out of the node's uplink)"
+        )
+        return _done(e, DROPPED, reason, expects, backends=())
 
     pod_network = graph.classify(q.destination) if graph.enabled else None
     if pod_network is not None and graph.networks[pod_network].type not in POD_NETWORK_TYPES:

@@ -27,7 +27,7 @@ from lace_proxy.health import (
     is_node_eligible,
 )
 from lace_proxy.metrics import ProxyMetrics
-from lace_proxy.model import EndpointSlice, LaceObject, Node, Service
+from lace_proxy.model import EndpointSlice, LaceObject, Node, Service, ServiceCIDR
 from lace_proxy.networks.graph import Condition, NetworkLayout
 from lace_proxy.networks.view import NetworkView
 from lace_proxy.table import Access, Changeset, ServiceTable
@@ -74,6 +74,7 @@ class Proxier:
         service_health: ServiceHealthServers | None = None,
         routes: PolicyRoutes | None = None,
         pod_networks: Callable[[tuple[str, ...]], None] | None = None,
+        node_pod_cidrs: Callable[[tuple[str, ...]], None] | None = None,
     ) -> None:
         self.table = table
         self.dataplane = dataplane
@@ -87,6 +88,7 @@ class Proxier:
         self.metrics.watch_table(table)
         self._waiting_for = set(sources)
         self.lace: dict[tuple[str, str], LaceObject] = {}  # Networks and policies, by kind
+        self.service_cidrs: dict[str, ServiceCIDR] = {}  # by name
         self.networks = NetworkView()
         # The slices as the sources delivered them, before the network model narrows them
         # for the table (which holds the services as delivered).
@@ -103,6 +105,8 @@ class Proxier:
         # Told the pod networks' prefixes at each sync (egress SNAT: whose traffic, and
         # which destinations stay untranslated).
         self._pod_networks = pod_networks
+        # Told this node's podCIDRs when they change (egress SNAT: where its pods are routed).
+        self._on_node_pod_cidrs = node_pod_cidrs
         self._routes_pending = routes is not None
         self._node_pod_cidrs: tuple[str, ...] = ()
         self._node_addresses: tuple[str, ...] = ()
@@ -214,8 +218,18 @@ class Proxier:
 
     def _node_changed(self, pod_cidrs: tuple[str, ...], addresses: tuple[str, ...]) -> None:
         if (pod_cidrs, addresses) != (self._node_pod_cidrs, self._node_addresses):
+            if pod_cidrs != self._node_pod_cidrs and self._on_node_pod_cidrs is not None:
+                self._on_node_pod_cidrs(pod_cidrs)
             self._node_pod_cidrs, self._node_addresses = pod_cidrs, addresses
             self._layout_changed()
+
+    def service_cidr_upserted(self, cidr: ServiceCIDR) -> None:
+        self.service_cidrs[cidr.name] = cidr
+        self._queued()
+
+    def service_cidr_deleted(self, name: str) -> None:
+        if self.service_cidrs.pop(name, None) is not None:
+            self._queued()
 
     def lace_upserted(self, obj: LaceObject) -> None:
         self.lace[(obj.kind, obj.key)] = obj
@@ -246,9 +260,13 @@ class Proxier:
         self._queued()
 
     def _layout(self) -> NetworkLayout:
-        """The network model as the kernel needs it, with this node's podCIDRs."""
+        """The network model as the kernel needs it, with this node's podCIDRs and the
+        ServiceCIDR objects' ranges."""
         layout = self.networks.graph.layout()
-        return replace(layout, local_pod_cidrs=self._node_pod_cidrs) if layout.enabled else layout
+        if layout.enabled:
+            layout = replace(layout, local_pod_cidrs=self._node_pod_cidrs)
+        cidrs = sorted({c for obj in self.service_cidrs.values() for c in obj.cidrs})
+        return replace(layout, service_cidrs=tuple(cidrs)) if cidrs else layout
 
     def _layout_changed(self) -> None:
         self._routes_pending = self.routes is not None

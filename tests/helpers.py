@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from lace_proxy.metrics import ProxyMetrics
-from lace_proxy.model import EndpointSlice, Node, Service
+from lace_proxy.model import EndpointSlice, Node, Service, ServiceCIDR
 
 
 class Recorder:
@@ -38,6 +38,13 @@ class Recorder:
 
     def node_deleted(self, name: str) -> None:
         self.events.append(("node-", name))
+
+    def service_cidr_upserted(self, cidr: ServiceCIDR) -> None:
+        self.events.append(("servicecidr+", cidr.name))
+        self.objects[f"ServiceCIDR/{cidr.name}"] = cidr
+
+    def service_cidr_deleted(self, name: str) -> None:
+        self.events.append(("servicecidr-", name))
 
     def lace_upserted(self, obj: Any) -> None:
         self.events.append((f"{obj.kind}+", obj.key))

@@ -253,8 +253,8 @@ class IpvsBackend:
         return count + self.last_changes
 
     def node_addresses_changed(self, addresses: tuple[str, ...]) -> bool:
-        """As nftables mode (nodePortAddresses "primary"); the addresses NodePort virtual
-        services use are read from the kernel at each full sync."""
+        """As nftables mode (which renders them); the addresses NodePort virtual services
+        use are read from the kernel at each full sync."""
         return self.nft.node_addresses_changed(addresses)
 
     def cleanup(self) -> bool:

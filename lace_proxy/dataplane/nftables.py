@@ -21,6 +21,9 @@ and anonymous sets bound in rules cost quadratically when many are loaded at onc
   must be remembered per endpoint; they are the only per-service chains.
 - reject/drop for services without (local) endpoints happen in filter chains, before
   routing, because a DNAT never happens for them.
+- A new connection to an address of the service CIDRs that no Service holds is dropped
+  (`clusterip-ranges-v4`: the ServiceCIDR objects' ranges, else `lace.serviceCIDRs`), as in
+  kube-proxy's nftables mode: it is neither forwarded nor sent out of the node's uplink.
 
 Per-service chain names are hashes of the plan id (object names never reach nft as
 identifiers); the plan id is attached as the chain's comment when it is made of safe
@@ -231,7 +234,9 @@ class Renderer:
     def __init__(self, settings: NftablesSettings) -> None:
         self.s = settings
         self.affinity_ids = AffinityIds()
-        self.node_addresses: tuple[str, ...] = ()  # for node_port_primary
+        # The node's InternalIPs: its NodePort addresses under node_port_primary, and
+        # whether loadBalancerSourceRanges let the node in.
+        self.node_addresses: tuple[str, ...] = ()
         self._has_cluster_cidrs = {
             f: bool(self._cidrs(settings.cluster_cidrs, f)) for f in FAMILIES
         }
@@ -251,9 +256,15 @@ class Renderer:
             self._render_data(plan, out)
         if plan.lb_ips and plan.lb_source_ranges and not _allows_all(plan.lb_source_ranges):
             key = f"{plan.protocol.lower()} . {plan.port}"
+            sources = plan.lb_source_ranges
+            if any(_covers(sources, a) for a in self.node_addresses):
+                # The ranges let the node in. A VIP-style load balancer puts its IP on the
+                # node, whose own connection to it then has the LB IP as its source (as
+                # kube-proxy's allowFromNode).
+                sources = (*sources, *plan.lb_ips)
             # Per frontend (one owner each: claims), and without overlaps, which an
             # interval set refuses.
-            ranges = _collapsed(plan.lb_source_ranges)
+            ranges = _collapsed(sources)
             for address in plan.lb_ips:
                 out.element(f"firewall-ips-{v}", f"{address} . {key}")
                 for cidr in ranges:
@@ -291,7 +302,8 @@ class Renderer:
                 out.element(f"reach-nodeports-{h}-{v}", node_port)
 
     def render_networks(self, layout: NetworkLayout) -> Rendered:
-        """The network model's own objects: source classification and per-network checks.
+        """The layout's objects: the service CIDRs, and the network model's source
+        classification and per-network checks.
 
         A new connection's source is classified by one interval-map lookup into a chain
         `from-<network>`, which lets it through to the frontends its network may reach (sets
@@ -299,6 +311,8 @@ class Renderer:
         The node's own traffic is checked in output, as host-local (or no identity).
         """
         out = Rendered()
+        for cidr in clusterip_ranges(layout, self.s):
+            out.element(f"clusterip-ranges-v{ipaddress.ip_network(cidr).version}", cidr)
         if not layout.enabled:
             for name in ACCESS_CHAINS:
                 out.chains[name] = ()  # emptied, not deleted: the base chains jump to them
@@ -667,6 +681,7 @@ class Renderer:
                 f"  set ipvs-addresses-{v} {{ type {at}; }}",
                 f"  set service-cidrs-{v} {{ type {at}; flags interval; "
                 f"{self._elements(fam, self.s.service_cidrs)}}}",
+                f"  set clusterip-ranges-{v} {{ type {at}; flags interval; }}",
                 f"  set controlled-{v} {{ type {at} . inet_proto . inet_service; }}",
                 f"  set controlled-nodeports-{v} {{ type inet_proto . inet_service; }}",
                 f"  map source-networks-{v} {{ type {at} : verdict; flags interval; }}",
@@ -751,8 +766,10 @@ class Renderer:
         lines += ["  chain cluster-ips-check {"]
         for fam in FAMILIES:
             ip, v = _ip(fam), f"v{fam}"
-            # A ClusterIP answers only on its service ports: anything else is refused.
+            # A ClusterIP answers only on its service ports: anything else is refused; an
+            # address of the service CIDRs that no Service holds is dropped.
             lines.append(f"    {ip} daddr @cluster-ips-{v} goto reject-chain")
+            lines.append(f"    {ip} daddr @clusterip-ranges-{v} drop")
         lines += [
             "  }",
             "  chain filter-prerouting {",
@@ -1247,12 +1264,14 @@ class NftablesBackend:
     def node_addresses_changed(self, addresses: tuple[str, ...]) -> bool:
         """The node's own addresses changed; True when the next sync must be a full one.
 
-        They matter only for nodePortAddresses "primary", where they are the NodePort
-        addresses (in the table's fixed part, which only a full sync rewrites).
+        They are the NodePort addresses under nodePortAddresses "primary" (in the table's
+        fixed part), and they decide whether loadBalancerSourceRanges let the node's own
+        traffic in (plans' elements): the next full sync reads every element back.
         """
-        if not self.settings.node_port_primary or addresses == self.renderer.node_addresses:
+        if addresses == self.renderer.node_addresses:
             return False
         self.renderer.node_addresses = addresses
+        self._trusted = False
         return True
 
     def cleanup(self) -> bool:
@@ -1319,6 +1338,18 @@ def _collapsed(cidrs: Iterable[str]) -> list[str]:
         mine = [n for n in nets if n.version == version]
         out += [str(n) for n in ipaddress.collapse_addresses(mine)]  # type: ignore[arg-type]
     return out
+
+
+def clusterip_ranges(layout: NetworkLayout, settings: NftablesSettings) -> list[str]:
+    """Where ClusterIPs are allocated: the ServiceCIDR objects' ranges, or where the cluster
+    has none (or the API serves none), lace.serviceCIDRs; without overlaps."""
+    return _collapsed(layout.service_cidrs or settings.service_cidrs)
+
+
+def _covers(cidrs: Iterable[str], address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    nets = (ipaddress.ip_network(c, strict=False) for c in cidrs)
+    return any(n.version == ip.version and ip in n for n in nets)
 
 
 def _allows_all(ranges: tuple[str, ...]) -> bool:

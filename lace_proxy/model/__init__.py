@@ -1,5 +1,5 @@
-"""The proxy's validated, immutable view of Services, EndpointSlices, Nodes and the Lace
-network model (Networks and their binding and routing policies)."""
+"""The proxy's validated, immutable view of Services, EndpointSlices, Nodes, ServiceCIDRs and
+the Lace network model (Networks and their binding and routing policies)."""
 
 from lace_proxy.model.endpointslice import (
     LAST_CHANGE_TRIGGER_TIME,
@@ -39,6 +39,7 @@ from lace_proxy.model.parse import (
     parse_node,
     parse_object,
     parse_service,
+    parse_service_cidr,
 )
 from lace_proxy.model.service import (
     DEFAULT_AFFINITY_TIMEOUT,
@@ -47,6 +48,7 @@ from lace_proxy.model.service import (
     Service,
     ServicePort,
 )
+from lace_proxy.model.servicecidr import ServiceCIDR
 
 __all__ = [
     "DEFAULT_AFFINITY_TIMEOUT",
@@ -78,6 +80,7 @@ __all__ = [
     "Node",
     "Rejections",
     "Service",
+    "ServiceCIDR",
     "ServicePort",
     "ServiceRoutingPolicy",
     "ValidationError",
@@ -89,5 +92,6 @@ __all__ = [
     "parse_node",
     "parse_object",
     "parse_service",
+    "parse_service_cidr",
     "parse_service_routing_policy",
 ]

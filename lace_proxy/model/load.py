@@ -1,5 +1,5 @@
-"""Load Services, EndpointSlices, Nodes and the Lace resources from manifest files (a static,
-API-less source).
+"""Load Services, EndpointSlices, Nodes, ServiceCIDRs and the Lace resources from manifest
+files (a static, API-less source).
 
 A bad file or object is reported and skipped; everything else still loads, so that one typo
 does not take down every service.
@@ -22,6 +22,7 @@ from lace_proxy.model.lace import LaceObject
 from lace_proxy.model.node import Node
 from lace_proxy.model.parse import parse_object
 from lace_proxy.model.service import Service
+from lace_proxy.model.servicecidr import ServiceCIDR
 
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -34,6 +35,7 @@ class LoadResult:
     services: dict[str, Service] = field(default_factory=dict)  # by "namespace/name"
     slices: dict[str, EndpointSlice] = field(default_factory=dict)  # by "namespace/name"
     nodes: dict[str, Node] = field(default_factory=dict)  # by name
+    service_cidrs: dict[str, ServiceCIDR] = field(default_factory=dict)  # by name
     # Lace resources (cluster-scoped) by (kind, name): ("Network", "default")
     lace: dict[tuple[str, str], LaceObject] = field(default_factory=dict)
     rejected: list[ValidationError] = field(default_factory=list)  # each has .source
@@ -66,6 +68,7 @@ def load_manifests(path: str | os.PathLike[str]) -> LoadResult:
         Service: result.services,
         EndpointSlice: result.slices,
         Node: result.nodes,
+        ServiceCIDR: result.service_cidrs,
     }
     for file in files:
         source = str(file)
@@ -90,7 +93,7 @@ def load_manifests(path: str | os.PathLike[str]) -> LoadResult:
                 )
                 continue
             origins[kind, key] = source
-            if isinstance(obj, Service | EndpointSlice | Node):
+            if isinstance(obj, Service | EndpointSlice | Node | ServiceCIDR):
                 tables[type(obj)][key] = obj
             else:
                 result.lace[kind, key] = obj

@@ -34,6 +34,7 @@ from lace_proxy.model.service import (
     Service,
     ServicePort,
 )
+from lace_proxy.model.servicecidr import SERVICE_CIDR_API_VERSION, ServiceCIDR
 
 if TYPE_CHECKING:
     from lace_proxy.model.lace import LaceObject
@@ -580,12 +581,40 @@ def parse_node(obj: dict[str, Any]) -> Node:
     )
 
 
+# --- ServiceCIDR ------------------------------------------------------------------------------
+
+
+def parse_service_cidr(obj: dict[str, Any]) -> ServiceCIDR:
+    """A networking.k8s.io/v1 ServiceCIDR: one or two CIDRs, at most one per family, each a
+    network address (the API server refuses `10.96.0.1/16`; so does this)."""
+    s, _, _, name = _metadata(obj, "ServiceCIDR", namespaced=False)
+    spec = _mapping(s, obj.get("spec"), "spec")
+    raw = _list(s, spec.get("cidrs"), "spec.cidrs")
+    if not raw:
+        s.fail("spec.cidrs", spec.get("cidrs"), "required: one or two CIDRs", "missing_field")
+    if len(raw) > 2:
+        s.fail("spec.cidrs", raw, "at most two CIDRs (one per family)", "invalid_value")
+    cidrs = []
+    for i, value in enumerate(raw):
+        field = f"spec.cidrs[{i}]"
+        cidr = _cidr(s, value, field)
+        address = ipaddress.ip_address(value.strip().partition("/")[0])
+        if address != ipaddress.ip_network(cidr).network_address:
+            s.fail(field, value, f"host bits set (the network is {cidr})", "invalid_cidr")
+        cidrs.append(cidr)
+    families = [ipaddress.ip_network(c).version for c in cidrs]
+    if len(set(families)) != len(families):
+        s.fail("spec.cidrs", raw, "two CIDRs of one family (one per family)", "invalid_value")
+    return ServiceCIDR(name=name, cidrs=tuple(cidrs))
+
+
 # --- dispatch ---------------------------------------------------------------------------------
 
 _PARSERS: dict[tuple[str, str], Callable[[dict[str, Any]], Any]] = {
     ("v1", "Service"): parse_service,
     ("discovery.k8s.io/v1", "EndpointSlice"): parse_endpoint_slice,
     ("v1", "Node"): parse_node,
+    (SERVICE_CIDR_API_VERSION, "ServiceCIDR"): parse_service_cidr,
 }
 
 
@@ -602,7 +631,7 @@ def _dispatch() -> dict[tuple[str, str], Callable[[dict[str, Any]], Any]]:
     return {**_PARSERS, **lace}
 
 
-def parse_object(obj: Any) -> Service | EndpointSlice | Node | LaceObject:
+def parse_object(obj: Any) -> Service | EndpointSlice | Node | ServiceCIDR | LaceObject:
     """Any supported object, chosen by apiVersion and kind; others are "unsupported_kind"."""
     if not isinstance(obj, dict):
         raise ValidationError("Object", "", "", obj, "must be an object", "invalid_type")

@@ -68,7 +68,9 @@ class NetworkLayout:
     network locally originated traffic belongs to, and, for policy routes, the pod networks'
     prefixes and those of them node-originated traffic may enter. Empty: no network model.
     `local_pod_cidrs` are this node's podCIDRs (a node fact the proxier adds): the node
-    reaches its own pods whatever the peering, for kubelet probes.
+    reaches its own pods whatever the peering, for kubelet probes. `service_cidrs` are the
+    cluster's ServiceCIDR objects' ranges (the proxier adds them, with or without a network
+    model): a new connection to an address in them that no Service holds is dropped.
     """
 
     networks: tuple[str, ...] = ()
@@ -77,6 +79,7 @@ class NetworkLayout:
     pod_prefixes: tuple[tuple[str, str], ...] = ()  # (prefix, network)
     host_peers: tuple[str, ...] = ()  # pod networks host-local is peered to
     local_pod_cidrs: tuple[str, ...] = ()
+    service_cidrs: tuple[str, ...] = ()
 
     @property
     def enabled(self) -> bool:

@@ -101,6 +101,7 @@ SERVICES = Resource(
 NODES = Resource("", "v1", "Node", "nodes", False, short_names=("no",))
 EVENTS = Resource("", "v1", "Event", "events", True, frozenset({"create"}), ("ev",))
 ENDPOINT_SLICES = Resource("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices", True)
+SERVICE_CIDRS = Resource("networking.k8s.io", "v1", "ServiceCIDR", "servicecidrs", False)
 LACE_RESOURCES = tuple(
     Resource("lace-cni.io", "v1alpha1", kind, plural, False, custom=True)
     for kind, plural in (
@@ -110,7 +111,7 @@ LACE_RESOURCES = tuple(
         ("ServiceRoutingPolicy", "serviceroutingpolicies"),
     )
 )
-_BUILTIN = (SERVICES, NODES, EVENTS, ENDPOINT_SLICES)
+_BUILTIN = (SERVICES, NODES, EVENTS, ENDPOINT_SLICES, SERVICE_CIDRS)
 _ALL = (*_BUILTIN, *LACE_RESOURCES)
 
 

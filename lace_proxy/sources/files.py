@@ -1,4 +1,5 @@
-"""The `files` source: a folder of Service, EndpointSlice, Node and Lace manifests, kept in step.
+"""The `files` source: a folder of Service, EndpointSlice, Node, ServiceCIDR and Lace manifests,
+kept in step.
 
 It polls the folder's file signatures (name, size, mtime) and reloads when they change;
 the reload is diffed against what was delivered before, so the handler sees only real
@@ -14,7 +15,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lace_proxy.model import EndpointSlice, Node, Rejections, Service, load_manifests
+from lace_proxy.model import (
+    EndpointSlice,
+    Node,
+    Rejections,
+    Service,
+    ServiceCIDR,
+    load_manifests,
+)
 from lace_proxy.model.load import MANIFEST_SUFFIXES, LoadResult
 from lace_proxy.sources import ChangeHandler
 
@@ -83,7 +91,7 @@ class ManifestSource:
         """Hand the handler what changed since the last delivery; True if anything did."""
         objects: dict[Key, Any] = {}
         origins = dict(result.origins)
-        for table in (result.services, result.slices, result.nodes):
+        for table in (result.services, result.slices, result.nodes, result.service_cidrs):
             for key, obj in table.items():
                 objects[(type(obj).__name__, key)] = obj
         objects.update(result.lace)
@@ -120,6 +128,8 @@ class ManifestSource:
                 h.slice_deleted(name)
             elif kind == "Node":
                 h.node_deleted(name)
+            elif kind == "ServiceCIDR":
+                h.service_cidr_deleted(name)
             else:
                 h.lace_deleted(kind, name)
             changed = True
@@ -133,6 +143,8 @@ class ManifestSource:
                 h.slice_upserted(obj)
             elif isinstance(obj, Node):
                 h.node_upserted(obj)
+            elif isinstance(obj, ServiceCIDR):
+                h.service_cidr_upserted(obj)
             else:
                 h.lace_upserted(obj)
             changed = True
@@ -156,5 +168,6 @@ class ManifestSource:
 
 
 def _order(key: Key) -> tuple[int, str, str]:
-    """Networks and policies first, then nodes, services and slices."""
-    return {"Node": 1, "Service": 2, "EndpointSlice": 3}.get(key[0], 0), key[0], key[1]
+    """Networks and policies first, then ServiceCIDRs, nodes, services and slices."""
+    order = {"ServiceCIDR": 1, "Node": 2, "Service": 3, "EndpointSlice": 4}
+    return order.get(key[0], 0), key[0], key[1]

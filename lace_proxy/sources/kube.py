@@ -38,6 +38,7 @@ from lace_proxy.model import (
     parse_endpoint_slice,
     parse_node,
     parse_service,
+    parse_service_cidr,
 )
 from lace_proxy.sources import ChangeHandler
 
@@ -65,15 +66,16 @@ class Gone(Exception):
 
 
 class NotServed(Exception):
-    """The API does not serve this (optional) resource: its CRD is not installed."""
+    """The API does not serve this (optional) resource: its CRD is not installed, or the server
+    predates it (ServiceCIDRs before Kubernetes 1.33)."""
 
 
 @dataclass(frozen=True)
 class Resource:
     """One watched resource: where it lives, how to parse it, how to deliver it.
 
-    An `optional` resource (a custom resource) may not be served: then it is reported as
-    empty, and asked for again every `Timing.rediscover` seconds.
+    An `optional` resource (a custom resource, ServiceCIDRs) may not be served: then it is
+    reported as empty, and asked for again every `Timing.rediscover` seconds.
     """
 
     name: str
@@ -101,8 +103,19 @@ def _lace(kind: str, plural: str) -> Resource:
 
 
 def resources(node_name: str) -> list[Resource]:
-    """What the proxy watches: Services, EndpointSlices, its own Node and the Lace resources."""
+    """What the proxy watches: Services, EndpointSlices, its own Node, the ServiceCIDRs (where
+    the API serves them: Kubernetes 1.33 on) and the Lace resources."""
     return [
+        Resource(
+            "servicecidrs",
+            "/apis/networking.k8s.io/v1/servicecidrs",
+            None,
+            None,
+            parse_service_cidr,
+            lambda h, o: h.service_cidr_upserted(o),
+            lambda h, key: h.service_cidr_deleted(key),
+            optional=True,
+        ),
         _lace("Network", "networks"),
         _lace("NetworkBindingPolicy", "networkbindingpolicies"),
         _lace("NetworkRoutingPolicy", "networkroutingpolicies"),

@@ -661,7 +661,7 @@ def test_lace_resources_are_absent_unless_enabled(api, kube, tmp_path):
     )
     assert request(api, "GET", "/apis/lace-cni.io/v1alpha1")[0] == 404
     groups = [g["name"] for g in request(api, "GET", "/apis")[1]["groups"]]
-    assert groups == ["discovery.k8s.io"]
+    assert groups == ["discovery.k8s.io", "networking.k8s.io"]
     with pytest.raises(ApiException) as missing:
         client.CustomObjectsApi(kube).list_cluster_custom_object(
             "lace-cni.io", "v1alpha1", "networks"

@@ -308,3 +308,30 @@ def test_lace_resources_are_watched_once_the_api_serves_them(api: ApiServer) -> 
         await eventually(lambda: ("Network-", "default") in r.recorder.events)
 
     run(api, scenario)
+
+
+def test_service_cidrs_are_watched_and_a_bad_one_is_rejected(api: ApiServer) -> None:
+    def cidr(*cidrs: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "ServiceCIDR",
+            "metadata": {"name": "kubernetes"},
+            "spec": {"cidrs": list(cidrs)},
+        }
+
+    async def scenario(r: Running) -> None:
+        api.apply(cidr("10.96.0.0/16"))
+        await eventually(lambda: ("servicecidr+", "kubernetes") in r.recorder.events)
+        assert r.recorder.objects["ServiceCIDR/kubernetes"].cidrs == ("10.96.0.0/16",)
+        r.take()
+        api.apply(cidr("10.96.0.0/16", "fd00:96::/112"))
+        await eventually(
+            lambda: (
+                r.recorder.objects["ServiceCIDR/kubernetes"].cidrs
+                == ("10.96.0.0/16", "fd00:96::/112")
+            )
+        )
+        api.delete("ServiceCIDR", None, "kubernetes")
+        await eventually(lambda: ("servicecidr-", "kubernetes") in r.recorder.events)
+
+    run(api, scenario)

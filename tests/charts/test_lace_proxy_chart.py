@@ -337,6 +337,7 @@ LACE_RESOURCES = (
 EXPECTED_RBAC = {
     *(("", resource, verb) for resource in ("services", "nodes") for verb in READ),
     *(("discovery.k8s.io", "endpointslices", verb) for verb in READ),
+    *(("networking.k8s.io", "servicecidrs", verb) for verb in READ),
     *(("lace-cni.io", resource, verb) for resource in LACE_RESOURCES for verb in READ),
     *((group, "events", verb) for group in ("", "events.k8s.io") for verb in ("create", "patch")),
 }

@@ -19,6 +19,8 @@ from lace_proxy.sandbox.testbed import (
     GWLINK_NODE4,
     POD_GATEWAY4,
     POD_GATEWAY6,
+    SERVICE_CIDR4,
+    SERVICE_CIDR6,
     UPLINK_NODE4,
     UPLINK_NODE6,
     Host,
@@ -304,6 +306,44 @@ def test_load_balancer_source_ranges(proxy: Harness, v6: bool) -> None:
     assert request_tcp(tb.client, vip(v6), 80).outcome == "reply"
 
 
+@FAMILIES
+def test_source_ranges_covering_the_node_let_it_reach_its_own_lb_ip(
+    proxy: Harness, v6: bool
+) -> None:
+    """A VIP-style load balancer puts the LB IP on the node: the node's own connection to it
+    then has the LB IP as its source, which the ranges let in if they cover the node."""
+    tb = proxy.tb
+    lb = LB6 if v6 else LB4
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": NODE},
+        "status": {
+            "addresses": [
+                {"type": "InternalIP", "address": UPLINK_NODE4},
+                {"type": "InternalIP", "address": UPLINK_NODE6},
+            ]
+        },
+    }
+    proxy.write("node", node)
+    tb.exec(tb.node, ["ip", "addr", "add", f"{lb}/{128 if v6 else 32}", "dev", "lo"])
+    lb_spec = {
+        "type": "LoadBalancer",
+        "node_port": 30080,
+        "status": {"loadBalancer": {"ingress": [{"ip": LB4}, {"ip": LB6}]}},
+    }
+    # Ranges that do not cover the node: its connection (from the LB IP) is dropped.
+    web(proxy, loadBalancerSourceRanges=[f"{CLIENT4}/32", f"{CLIENT6}/128"], **lb_spec)
+    assert request_tcp(tb.node, lb, 80, timeout=1.0).outcome == "timeout"
+    # Ranges that cover the node's address: the node is let in, the client stays out.
+    web(proxy, loadBalancerSourceRanges=[f"{UPLINK_NODE4}/32", f"{UPLINK_NODE6}/128"], **lb_spec)
+    from_node = request_tcp(tb.node, lb, 80)
+    assert from_node.outcome == "reply", from_node
+    assert request_tcp(tb.client, lb, 80, timeout=1.0).outcome == "timeout"
+    # Another source outside the ranges (a pod) stays dropped too.
+    assert request_tcp(tb.pods[0], lb, 80, timeout=1.0).outcome == "timeout"
+
+
 def test_hairpin_traffic_is_masqueraded(proxy: Harness) -> None:
     tb = proxy.tb
     proxy.write("solo", service("solo", [VIP4]), endpoints("solo", tb.pods[:1], name="solo-v4"))
@@ -427,6 +467,68 @@ def test_udp_flows_follow_endpoint_changes(proxy: Harness) -> None:
         assert udp_exchange(sock, VIP4, 53) == "pod3"
     finally:
         sock.close()
+
+
+def service_cidr(name: str, *cidrs: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "ServiceCIDR",
+        "metadata": {"name": name},
+        "spec": {"cidrs": list(cidrs)},
+    }
+
+
+def unallocated_outcomes(tb: Testbed, v6: bool) -> dict[str, str]:
+    """What a new connection to an address of the service CIDR that no Service holds gets,
+    from a pod, the node and a client outside."""
+    address = "fd00:96::99" if v6 else "10.96.0.99"
+    where = {"pod": tb.pods[0], "node": tb.node, "client": tb.client}
+    return {
+        name: request_tcp(host, address, 80, timeout=1.0).outcome for name, host in where.items()
+    }
+
+
+@FAMILIES
+def test_unallocated_cluster_ips_are_dropped(proxy: Harness, v6: bool) -> None:
+    tb = proxy.tb
+    web(proxy)
+    # Without ServiceCIDR objects or lace.serviceCIDRs, lace-proxy knows no service CIDR: the
+    # node routes such a packet out of its uplink, as any other (the gateway's sink answers).
+    assert set(unallocated_outcomes(tb, v6).values()) == {"escaped"}
+    proxy.write("cidrs", service_cidr("kubernetes", SERVICE_CIDR4, SERVICE_CIDR6))
+    proxy.sync()
+    assert unallocated_outcomes(tb, v6) == {
+        "pod": "timeout",
+        "node": "timeout",
+        "client": "timeout",
+    }
+    # Allocated ClusterIPs are served as before, from everywhere.
+    for host in (tb.pods[0], tb.node, tb.client):
+        assert request_tcp(host, vip(v6), 80).outcome == "reply"
+    # The objects are followed: once gone, the range is not the proxy's any more.
+    proxy.remove("cidrs")
+    proxy.sync()
+    assert set(unallocated_outcomes(tb, v6).values()) == {"escaped"}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@FAMILIES
+def test_service_cidrs_fall_back_to_the_configuration(
+    tb: Testbed, tmp_path: Path, mode: str, v6: bool
+) -> None:
+    proxy = Harness(
+        tb, tmp_path / "manifests", mode=mode, service_cidrs=(SERVICE_CIDR4, SERVICE_CIDR6)
+    )
+    try:
+        web(proxy)
+        assert set(unallocated_outcomes(tb, v6).values()) == {"timeout"}
+        # A ServiceCIDR object, once there, is what counts: lace.serviceCIDRs is the fallback.
+        other = "fd00:97::/112" if v6 else "10.97.0.0/16"
+        proxy.write("cidrs", service_cidr("other", other))
+        proxy.sync()
+        assert set(unallocated_outcomes(tb, v6).values()) == {"escaped"}
+    finally:
+        proxy.close()
 
 
 def test_node_port_addresses_primary_follow_the_node_object(tb: Testbed, tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ from .test_nftables_proxy import VIP4
 
 pytestmark = pytest.mark.netns
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "sandbox"
+EXAMPLES = Path(__file__).resolve().parents[2] / "lace_proxy" / "sandbox" / "manifests"
 
 
 def wait_for(check: Callable[[], bool], timeout: float = 45.0) -> None:

@@ -256,6 +256,56 @@ def test_node_to_cluster_ip_needs_service_cidrs_then_peering(
     assert len(doc["backends"]) == 2
 
 
+def service_cidr(name: str, *cidrs: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "ServiceCIDR",
+        "metadata": {"name": name},
+        "spec": {"cidrs": list(cidrs)},
+    }
+
+
+def test_an_unallocated_cluster_ip_is_dropped_and_named(
+    capsys: pytest.CaptureFixture[str], folder: Folder
+) -> None:
+    # No service CIDR known: the address is not lace-proxy's.
+    code, doc = run(capsys, folder, "10.251.3.3", "10.96.0.99:80")
+    assert (code, doc["verdict"], doc["destination"]["kind"]) == (0, "passes", "none")
+    # lace.serviceCIDRs stands in while the cluster has no ServiceCIDR objects.
+    folder.service_cidrs("10.96.0.0/16")
+    code, doc = run(capsys, folder, "10.251.3.3", "10.96.0.99:80")
+    assert (code, doc["verdict"]) == (1, "dropped")
+    assert doc["destination"]["kind"] == "unallocated ClusterIP"
+    assert doc["destination"]["description"] == (
+        "an address of service CIDR 10.96.0.0/16 (lace.serviceCIDRs; the cluster has no "
+        "ServiceCIDR objects) that no Service holds"
+    )
+    assert "no Service holds this address" in doc["reason"]
+    # A ServiceCIDR object, once there, decides (here: a range without the address).
+    folder.write("cidrs", service_cidr("kubernetes", "10.97.0.0/16", "fd00:97::/112"))
+    code, doc = run(capsys, folder, "node", "10.96.0.99:80")
+    assert doc["destination"]["kind"] == "none"
+    code, doc = run(capsys, folder, "node", "10.97.3.4:80")
+    assert (code, doc["verdict"]) == (1, "dropped")
+    assert "10.97.0.0/16 (ServiceCIDR kubernetes)" in doc["destination"]["description"]
+    # Allocated ClusterIPs are unchanged.
+    folder.write("cidrs", service_cidr("kubernetes", "10.96.0.0/16"))
+    code, doc = run(capsys, folder, "10.251.3.3", f"{WEB_VIP}:80")
+    assert (code, doc["verdict"]) == (0, "allowed")
+
+
+def test_a_service_cidr_with_a_bad_prefix_is_rejected_with_its_reason(
+    capsys: pytest.CaptureFixture[str], folder: Folder
+) -> None:
+    folder.write("cidrs", service_cidr("kubernetes", "10.96.0.1/16"))
+    code, doc = run(capsys, folder, "10.251.3.3", "10.96.0.99:80")
+    assert (code, doc["verdict"]) == (0, "passes")
+    assert [r.split(": ", 1)[1] for r in doc["rejected"]] == [
+        'ServiceCIDR kubernetes: spec.cidrs[0]="10.96.0.1/16": host bits set '
+        "(the network is 10.96.0.0/16)"
+    ]
+
+
 def test_node_without_a_host_local_network_has_no_identity(
     capsys: pytest.CaptureFixture[str], folder: Folder
 ) -> None:

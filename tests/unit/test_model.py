@@ -22,6 +22,7 @@ from lace_proxy.model import (
     Node,
     Rejections,
     Service,
+    ServiceCIDR,
     ServicePort,
     ValidationError,
     load_manifests,
@@ -29,6 +30,7 @@ from lace_proxy.model import (
     parse_node,
     parse_object,
     parse_service,
+    parse_service_cidr,
 )
 from lace_proxy.model.service import (
     IPVS_SCHEDULER_ANNOTATION,
@@ -1208,3 +1210,50 @@ def test_load_empty_folder_and_missing_path(tmp_path: Path) -> None:
     assert (result.services, result.slices, result.nodes, result.rejected) == ({}, {}, {}, [])
     with pytest.raises(FileNotFoundError):
         load_manifests(tmp_path / "missing")
+
+
+# --- ServiceCIDR ------------------------------------------------------------------------------
+
+
+def service_cidr(*cidrs: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "ServiceCIDR",
+        "metadata": {"name": "kubernetes"},
+        "spec": {"cidrs": list(cidrs)},
+    }
+
+
+def test_service_cidr_one_range_per_family() -> None:
+    parsed = parse_object(service_cidr("10.96.0.0/16", "fd00:96:0::/112"))
+    assert parsed == ServiceCIDR("kubernetes", ("10.96.0.0/16", "fd00:96::/112"))
+    assert parse_service_cidr(service_cidr("fd00:96::/112")).cidrs == ("fd00:96::/112",)
+
+
+@pytest.mark.parametrize(
+    ("cidrs", "field", "code"),
+    [
+        (("10.96.0.1/16",), "spec.cidrs[0]", "invalid_cidr"),  # host bits: the API refuses it
+        (("10.96.0.0/16", "fd00::5/64"), "spec.cidrs[1]", "invalid_cidr"),
+        (("10.96.0.0",), "spec.cidrs[0]", "invalid_cidr"),
+        (("10.96.0.0/33",), "spec.cidrs[0]", "invalid_cidr"),
+        ((7,), "spec.cidrs[0]", "invalid_type"),
+        ((), "spec.cidrs", "missing_field"),
+        (("10.96.0.0/16", "10.97.0.0/16"), "spec.cidrs", "invalid_value"),
+        (("10.96.0.0/16", "fd00::/64", "fd01::/64"), "spec.cidrs", "invalid_value"),
+    ],
+)
+def test_service_cidr_with_a_bad_prefix_is_rejected(
+    cidrs: tuple[Any, ...], field: str, code: str
+) -> None:
+    error = rejected(parse_service_cidr, service_cidr(*cidrs))
+    assert (error.kind, error.object, error.field, error.code) == (
+        "ServiceCIDR",
+        "kubernetes",
+        field,
+        code,
+    )
+
+
+def test_service_cidr_junk_is_rejected_cleanly() -> None:
+    assert_junk_is_rejected_cleanly(service_cidr("10.96.0.0/16", "fd00:96::/112"))
