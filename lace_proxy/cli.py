@@ -89,7 +89,7 @@ def nftables_settings(cfg: ProxyConfig) -> NftablesSettings:
     return NftablesSettings(
         table=cfg.lace.nftables.table,
         masquerade_all=cfg.masquerade_all,
-        masquerade_bit=cfg.nftables.masquerade_bit,
+        masquerade_bit=cfg.masquerade_bit,
         cluster_cidrs=cluster,
         node_port_cidrs=node_ports,
         node_port_primary=primary,

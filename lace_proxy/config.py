@@ -16,11 +16,13 @@ Rules:
 * Durations are Go duration strings ("30s", "1h2m3.5s"), parsed into float seconds; numbers
   are rejected because a bare 30 is ambiguous.
 * syncPeriod, minSyncPeriod and masqueradeAll may be set at the top level (where kube-proxy's
-  internal configuration keeps them) or in the mode sections ``nftables`` / ``ipvs`` (where the
-  v1alpha1 file has them; ``ipvs`` has no masqueradeAll). A top-level value fills every mode
-  section that leaves the field unset, so a section value wins for its mode. Flags beat the
-  file, so the order is: flag section > flag top level > file section > file top level >
-  default. `ProxyConfig`'s top-level fields hold the values in effect for its `mode`.
+  internal configuration keeps them) or in the sections where the v1alpha1 file has them, read
+  as kube-proxy's v1alpha1 conversion reads them: in nftables mode from ``nftables``; in IPVS
+  mode the sync periods from ``ipvs`` and masqueradeAll (and masqueradeBit) from ``iptables``.
+  A top-level value fills every section that leaves the field unset, so a section value wins
+  for its mode. Flags beat the file, so the order is: flag section > flag top level > file
+  section > file top level > default. `ProxyConfig`'s top-level fields hold the values in
+  effect for its `mode`.
 """
 
 from __future__ import annotations
@@ -57,15 +59,15 @@ NFTABLES_FAMILIES = ("inet", "ip", "ip6")
 # Fields of kube-proxy's v1alpha1 KubeProxyConfiguration that mean nothing to lace-proxy. They
 # are accepted (so a kube-proxy ConfigMap loads as is) and reported in one warning: the API
 # connection, logging and feature gates are lace-proxy's own flags' business; oomScoreAdj,
-# portRange, profiling and hidden metrics are not implemented; iptables and winkernel configure
-# modes lace-proxy does not have; configSyncPeriod is an informer resync lace-proxy does not do.
+# portRange, profiling and hidden metrics are not implemented; winkernel configures a mode
+# lace-proxy does not have; configSyncPeriod is an informer resync lace-proxy does not do.
+# (iptables is read: IPVS mode takes masqueradeAll and masqueradeBit from it, as kube-proxy.)
 IGNORED_UPSTREAM_FIELDS = frozenset(
     {
         "bindAddressHardFail",
         "configSyncPeriod",
         "enableProfiling",
         "featureGates",
-        "iptables",
         "logging",
         "oomScoreAdj",
         "portRange",
@@ -183,6 +185,23 @@ class NFTablesConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class IPTablesConfig:
+    """iptables: kube-proxy takes masqueradeAll and masqueradeBit from here in every mode but
+    nftables, IPVS mode included; so does lace-proxy. The rest belongs to kube-proxy's iptables
+    mode, which lace-proxy does not have: accepted, warned about when set, unused."""
+
+    masquerade_all: bool = False
+    masquerade_bit: int = 14
+    localhost_node_ports: bool = True
+    min_sync_period: float = 1.0
+    sync_period: float = 30.0
+
+
+#: iptables fields only kube-proxy's iptables mode reads (warned about when set).
+IPTABLES_MODE_ONLY = ("localhostNodePorts", "minSyncPeriod", "syncPeriod")
+
+
+@dataclass(frozen=True, slots=True)
 class IPVSConfig:
     """ipvs: settings for mode ipvs; a 0 timeout keeps the kernel's value, as in kube-proxy."""
 
@@ -285,11 +304,18 @@ class ProxyConfig:
     masquerade_all: bool = False
     sync_period: float = 30.0
     min_sync_period: float = 1.0
+    iptables: IPTablesConfig = field(default_factory=IPTablesConfig)
     nftables: NFTablesConfig = field(default_factory=NFTablesConfig)
     ipvs: IPVSConfig = field(default_factory=IPVSConfig)
     conntrack: ConntrackConfig = field(default_factory=ConntrackConfig)
     client_connection: ClientConnectionConfig = field(default_factory=ClientConnectionConfig)
     lace: LaceConfig = field(default_factory=LaceConfig)
+
+    @property
+    def masquerade_bit(self) -> int:
+        """The packet-mark bit for masquerade in effect: IPVS mode's is iptables.masqueradeBit,
+        as in kube-proxy (whose IPVS mode masquerades with iptables)."""
+        return self.iptables.masquerade_bit if self.mode == "ipvs" else self.nftables.masquerade_bit
 
     def to_dict(self) -> dict[str, object]:
         """The configuration as a complete lace-proxy file (camelCase), e.g. to print it."""
@@ -537,6 +563,13 @@ _SCHEMA: _Schema = {
     "masqueradeAll": _MASQUERADE_ALL_FIELD,
     "syncPeriod": _SYNC_PERIOD_FIELD,
     "minSyncPeriod": _SYNC_PERIOD_FIELD,
+    "iptables": {
+        "masqueradeAll": _MASQUERADE_ALL_FIELD,
+        "masqueradeBit": _Field(_integer(0, 31)),
+        "localhostNodePorts": _Field(_boolean),
+        "minSyncPeriod": _SYNC_PERIOD_FIELD,
+        "syncPeriod": _SYNC_PERIOD_FIELD,
+    },
     "nftables": {
         "masqueradeAll": _MASQUERADE_ALL_FIELD,
         "masqueradeBit": _Field(_integer(0, 31)),
@@ -594,7 +627,7 @@ _SCHEMA: _Schema = {
 _SHARED_FIELDS = {
     "syncPeriod": ("nftables", "ipvs"),
     "minSyncPeriod": ("nftables", "ipvs"),
-    "masqueradeAll": ("nftables",),
+    "masqueradeAll": ("nftables", "iptables"),
 }
 
 _T = TypeVar("_T")
@@ -715,6 +748,7 @@ def _layer(source: str, raw: Mapping[Any, object]) -> dict[str, Any]:
     """One source's validated fields, its top-level shared fields copied into its sections."""
     ignored: list[str] = []
     layer = _parse(raw, _SCHEMA, source, "", ignored)
+    ignored += [f"iptables.{key}" for key in IPTABLES_MODE_ONLY if key in layer.get("iptables", {})]
     if ignored:
         log.warning(
             "%s: ignoring kube-proxy fields that do not apply to lace-proxy: %s",
@@ -746,10 +780,12 @@ def load_config(path: str | None, overrides: Mapping[str, object] | None = None)
     merged = _merge(from_file, _layer(_OVERRIDE_SOURCE, _nest(overrides or {})))
     source = path if path is not None else _OVERRIDE_SOURCE
 
+    iptables = _section(IPTablesConfig, merged.pop("iptables", {}))
     nftables = _section(NFTablesConfig, merged.pop("nftables", {}))
     ipvs = _section(IPVSConfig, merged.pop("ipvs", {}))
     lace = merged.pop("lace", {})
     top = {
+        "iptables": iptables,
         "nftables": nftables,
         "ipvs": ipvs,
         "detect_local": _section(DetectLocalConfig, merged.pop("detectLocal", {})),
@@ -772,9 +808,7 @@ def load_config(path: str | None, overrides: Mapping[str, object] | None = None)
     active = nftables if mode == "nftables" else ipvs
     top["sync_period"] = active.sync_period
     top["min_sync_period"] = active.min_sync_period
-    top["masquerade_all"] = (
-        nftables.masquerade_all if mode == "nftables" else top.get("masquerade_all", False)
-    )
+    top["masquerade_all"] = (iptables if mode == "ipvs" else nftables).masquerade_all
     config = ProxyConfig(**top)
     _check(config, source)
     return config

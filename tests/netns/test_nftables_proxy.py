@@ -13,10 +13,14 @@ from typing import Any
 
 import pytest
 
+from lace_proxy.cli import nftables_settings
+from lace_proxy.config import load_config
 from lace_proxy.sandbox.testbed import (
     CLIENT4,
     CLIENT6,
     GWLINK_NODE4,
+    POD_CIDR4,
+    POD_CIDR6,
     POD_GATEWAY4,
     POD_GATEWAY6,
     SERVICE_CIDR4,
@@ -527,6 +531,41 @@ def test_service_cidrs_fall_back_to_the_configuration(
         proxy.write("cidrs", service_cidr("other", other))
         proxy.sync()
         assert set(unallocated_outcomes(tb, v6).values()) == {"escaped"}
+    finally:
+        proxy.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_masquerade_all_is_read_where_kube_proxy_reads_it(
+    tb: Testbed, tmp_path: Path, mode: str
+) -> None:
+    """A kube-proxy ConfigMap as its users have it: masqueradeAll in `nftables` for nftables
+    mode, in `iptables` for IPVS mode (v1alpha1 conversion); a pod's connection to a ClusterIP
+    then arrives masqueraded to the node."""
+    section = "iptables" if mode == "ipvs" else "nftables"
+    path = tmp_path / "kube-proxy.yaml"
+    path.write_text(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+        f"mode: {mode}\nclusterCIDR: {POD_CIDR4},{POD_CIDR6}\n"
+        f"{section}: {{masqueradeAll: true, masqueradeBit: 11}}\n"
+    )
+    settings = nftables_settings(load_config(str(path), {"hostnameOverride": NODE}))
+    assert (settings.masquerade_all, settings.masquerade_bit) == (True, 11)
+    proxy = Harness(
+        tb,
+        tmp_path / "manifests",
+        mode=mode,
+        masquerade_all=settings.masquerade_all,
+        masquerade_bit=settings.masquerade_bit,
+        cluster_cidrs=settings.cluster_cidrs,
+    )
+    try:
+        web(proxy)
+        pod = tb.pods[0]
+        replies = [r.reply for r in many(pod, VIP4, 80, n=12) if r.reply]
+        others = [r for r in replies if r.name != pod.name]
+        assert len(replies) == 12 and others
+        assert {r.peer for r in others} == {POD_GATEWAY4}  # the node, not the pod
     finally:
         proxy.close()
 

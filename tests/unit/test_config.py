@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from lace_proxy import config as cfg
+from lace_proxy.cli import nftables_settings
 from lace_proxy.config import (
     LACE_API_VERSION,
     UPSTREAM_API_VERSION,
@@ -242,7 +243,7 @@ def test_kubeadm_configmap_zero_values_mean_defaults(
     assert record.levelno == logging.WARNING
     assert record.getMessage() == (
         "config.yaml: ignoring kube-proxy fields that do not apply to lace-proxy: "
-        "bindAddressHardFail, configSyncPeriod, enableProfiling, iptables, "
+        "bindAddressHardFail, configSyncPeriod, enableProfiling, "
         "logging, oomScoreAdj, portRange, showHiddenMetricsForVersion, winkernel"
     )
 
@@ -323,6 +324,36 @@ def test_masquerade_all_follows_the_mode(write: Writer) -> None:
     top = write("masqueradeAll: true\nnftables: {masqueradeAll: false}\n")
     assert load_config(top).masquerade_all is True  # false is unset, as in kube-proxy
     assert load_config(top, {"mode": "ipvs"}).masquerade_all is True
+
+
+def test_ipvs_mode_reads_masquerade_settings_from_iptables_as_kube_proxy(write: Writer) -> None:
+    """kube-proxy's v1alpha1 conversion: masqueradeAll from nftables in nftables mode, from
+    iptables in every other mode; its IPVS mode marks with iptables.masqueradeBit."""
+    path = write("mode: ipvs\niptables: {masqueradeAll: true, masqueradeBit: 12}\n")
+    c = load_config(path)
+    assert (c.masquerade_all, c.masquerade_bit) == (True, 12)
+    assert nftables_settings(c).masquerade_all is True
+    assert nftables_settings(c).masquerade_bit == 12
+    nft = load_config(path, {"mode": "nftables"})
+    assert (nft.masquerade_all, nft.masquerade_bit) == (False, 14)
+    both = write("iptables: {masqueradeAll: true}\nnftables: {masqueradeBit: 9}\n")
+    assert (load_config(both).masquerade_all, load_config(both).masquerade_bit) == (False, 9)
+    ipvs = load_config(both, {"mode": "ipvs"})
+    assert (ipvs.masquerade_all, ipvs.masquerade_bit) == (True, 14)
+    # The flag (top level) fills the section of either mode.
+    assert load_config(None, {"mode": "ipvs", "masqueradeAll": True}).iptables.masquerade_all
+
+
+def test_iptables_mode_fields_are_accepted_with_a_warning(
+    write: Writer, caplog: pytest.LogCaptureFixture
+) -> None:
+    body = "mode: ipvs\niptables: {syncPeriod: 10s, localhostNodePorts: false}\n"
+    with caplog.at_level(logging.WARNING, logger="lace_proxy.config"):
+        c = load_config(write(body))
+    assert c.sync_period == 30.0  # IPVS mode's is ipvs.syncPeriod, as in kube-proxy
+    assert "iptables.localhostNodePorts, iptables.syncPeriod" in caplog.text
+    with pytest.raises(ConfigError, match=r"iptables\.masqueradeBit: 40"):
+        load_config(write("iptables: {masqueradeBit: 40}\n"))
 
 
 # --- flags --------------------------------------------------------------------------------
