@@ -1333,7 +1333,9 @@ For a new connection from a pod of this node to DEST, read this node's routing t
   source       the address DEST will see: the route's preferred source when lace-proxy
                source-NATs it (a pod: in clusterCIDR or a Lace pod network of
                --manifests; a destination outside them and
-               lace.egress.nonMasqueradeCIDRs), else the pod's own
+               lace.egress.nonMasqueradeCIDRs, not routed out of a pod interface:
+               detectLocal.interfaceNamePrefix or routing a pod prefix on-link),
+               else the pod's own
   findings     no_route; dropped_by_route (a blackhole/unreachable/prohibit route);
                source_not_routable (outside lace.egress.routablePrefixes);
                next_hop_is_a_node (another cluster node forwards without re-sourcing;

@@ -21,6 +21,7 @@ from typing import Any
 
 from pyroute2 import IPRoute
 
+from lace_proxy.dataplane.egress import nft_interface_name
 from lace_proxy.dataplane.ipvs import virtual_services
 from lace_proxy.dataplane.nft import Nft, NftError, enter_netns
 from lace_proxy.egress.routing import Route, RoutingSnapshot, covered, read_snapshot
@@ -49,12 +50,15 @@ class Finding:
 
 @dataclass(frozen=True)
 class EgressSettingsView:
-    """What the doctor needs of the configuration (lace.egress, clusterCIDR)."""
+    """What the doctor needs of the configuration (lace.egress, clusterCIDR,
+    detectLocal.interfaceNamePrefix) and of this node's Node object (podCIDRs)."""
 
     enabled: bool = True
     pod_cidrs: tuple[str, ...] = ()
     non_masquerade_cidrs: tuple[str, ...] = ()
     routable_prefixes: tuple[str, ...] = ()
+    pod_interface_prefix: str = ""
+    node_pod_cidrs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -245,6 +249,10 @@ def _translation(
         return False, pod, "not a pod address (clusterCIDR): untranslated"
     if covered(destination, (*s.pod_cidrs, *s.non_masquerade_cidrs)):
         return False, pod, "destination in clusterCIDR or nonMasqueradeCIDRs: untranslated"
+    prefix, out = s.pod_interface_prefix, route.interface
+    derived = snapshot.pod_interfaces((*s.pod_cidrs, *s.node_pod_cidrs))
+    if (prefix and out.startswith(prefix)) or (out in derived and nft_interface_name(out)):
+        return False, pod, f"routed to {out}, a pod interface (a pod of this node): untranslated"
     source = snapshot.source(route)
     if source is None:
         return False, pod, f"the route on {route.interface} has no source address: untranslated"

@@ -5,6 +5,8 @@
     set no-snat-v4        destinations left alone: the pod CIDRs and nonMasqueradeCIDRs
     map route-sources-v4  destination range -> the preferred source of its route
     chain postrouting     nat, priority srcnat + 10:
+        oifname "cali*" return                  detectLocal.interfaceNamePrefix
+        oifname { "cni0", "veth1a2b" } return   interfaces routing a pod prefix on-link
         ip saddr @pod-sources-v4 ip daddr != @no-snat-v4 snat ip to ip daddr map @route-sources-v4
         ip saddr @pod-sources-v4 ip daddr != @no-snat-v4 masquerade
 
@@ -13,6 +15,22 @@ the map lookup fails, the `snat` rule does not apply, and `masquerade` lets the 
 the outgoing interface's address (a NAT statement ends the chain, so only misses get there).
 Service traffic that lace-proxy's own table masquerades (srcnat) is translated there first;
 a connection is translated once, so this table only sees the rest.
+
+Only traffic that leaves the node is translated: a packet whose output interface is a pod
+interface goes to a pod of this node (e.g. a ClusterIP's endpoint with an address outside
+every pod prefix, common with IPv6 and second networks), which must see the client pod, not
+the node. The destination sets cannot tell (such an address is in none of them); the output
+interface can, and matching it in postrouting follows what the kernel routed, policy rules
+included. Pod interfaces are those `pod_interface_prefix` names plus those the controller
+derives from the routing table, with no configuration and as soon as a new pod's route is
+there (`RoutingSnapshot.pod_interfaces`): interfaces with an on-link route inside a pod
+prefix (clusterCIDR, the Lace pod networks', the node's podCIDRs). Not any route into one:
+other nodes' pods are routed through the uplink or a tunnel, via a gateway; and not an
+interface that also has a gateway route, an uplink that pods share on a flat network. With
+neither, no interface is a pod's and every pod packet to a destination outside the sets is
+translated, so a local pod outside the pod prefixes sees the node's address: translating too
+much keeps egress working, too little would send pod addresses out. Names reach the rules
+only if `nft_interface_name` accepts them.
 
 The table is small (one element per route): every change rewrites it whole in one atomic
 transaction. Established connections keep the source they were given (conntrack holds it);
@@ -26,7 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lace_proxy.dataplane.nft import Nft, Transaction
-from lace_proxy.dataplane.nftables import TABLE_NAME
+from lace_proxy.dataplane.nftables import IFNAME_PREFIX, TABLE_NAME
 
 FAMILIES = (4, 6)
 Ranges = dict[int, list[tuple[str, str, str]]]  # family -> [(first, last, source)]
@@ -34,15 +52,23 @@ Ranges = dict[int, list[tuple[str, str, str]]]  # family -> [(first, last, sourc
 
 @dataclass(frozen=True)
 class EgressSettings:
-    """lace.egress: whose traffic is source-NATed, and which destinations are left alone."""
+    """lace.egress: whose traffic is source-NATed, and which destinations are left alone;
+    `pod_interface_prefix` (detectLocal.interfaceNamePrefix) names pod interfaces."""
 
     table: str = "lace-proxy-egress"
     pod_cidrs: tuple[str, ...] = ()
     non_masquerade_cidrs: tuple[str, ...] = ()
+    pod_interface_prefix: str = ""
 
     def __post_init__(self) -> None:
         if not TABLE_NAME.match(self.table):
             raise ValueError(f"invalid nftables table name {self.table!r}")
+        prefix = self.pod_interface_prefix
+        if prefix and not nft_interface_name(prefix):
+            raise ValueError(
+                f"interface prefix {prefix!r}: only letters, digits, '.', '_' and '-' "
+                "(at most 15) can be used in nftables rules"
+            )
         for cidr in (*self.pod_cidrs, *self.non_masquerade_cidrs):
             ipaddress.ip_network(cidr, strict=False)
 
@@ -54,9 +80,18 @@ class EgressSnat:
         self.settings = settings
         self.nft = nft
 
-    def render(self, ranges: Ranges, pod_networks: Sequence[str] = ()) -> list[str]:
+    def render(
+        self,
+        ranges: Ranges,
+        pod_networks: Sequence[str] = (),
+        pod_interfaces: Sequence[str] = (),
+    ) -> list[str]:
         """The whole table, for `nft -f`; `pod_networks` are the Lace pod networks' prefixes,
-        pods as much as clusterCIDR's."""
+        pods as much as clusterCIDR's; `pod_interfaces` the names of pod interfaces besides
+        the prefix's (ValueError if one cannot be written into a rule as it is)."""
+        bad = [name for name in pod_interfaces if not nft_interface_name(name)]
+        if bad:
+            raise ValueError(f"interface names not usable in nftables rules: {bad}")
         t = self.settings.table
         lines = [f"table inet {t} {{"]
         for fam in FAMILIES:
@@ -77,6 +112,12 @@ class EgressSnat:
             "  chain postrouting {",
             "    type nat hook postrouting priority srcnat + 10; policy accept;",
         ]
+        # Out by a pod interface: to a pod of this node, which keeps seeing the pod's source.
+        if self.settings.pod_interface_prefix:
+            lines.append(f'    oifname "{self.settings.pod_interface_prefix}*" return')
+        if pod_interfaces:
+            names = ", ".join(f'"{name}"' for name in sorted(set(pod_interfaces)))
+            lines.append(f"    oifname {{ {names} }} return")
         for fam in FAMILIES:
             v, ip = f"v{fam}", ("ip" if fam == 4 else "ip6")
             match = f"{ip} saddr @pod-sources-{v} {ip} daddr != @no-snat-{v}"
@@ -85,17 +126,28 @@ class EgressSnat:
         lines += ["  }", "}"]
         return lines
 
-    def apply(self, ranges: Ranges, pod_networks: Sequence[str] = ()) -> None:
+    def apply(
+        self,
+        ranges: Ranges,
+        pod_networks: Sequence[str] = (),
+        pod_interfaces: Sequence[str] = (),
+    ) -> None:
         """Replace the table atomically (raises NftError and changes nothing if refused)."""
         t = self.settings.table
         tx = Transaction()
         tx.extend([f"table inet {t} {{ }}", f"delete table inet {t}"])
-        tx.extend(self.render(ranges, pod_networks))
+        tx.extend(self.render(ranges, pod_networks, pod_interfaces))
         self.nft.apply(tx)
 
     def cleanup(self) -> bool:
         """Delete the table; True if it was there."""
         return self.nft.delete_table("inet", self.settings.table)
+
+
+def nft_interface_name(name: str) -> bool:
+    """Whether `name` can go into an nftables rule as a quoted interface name (or prefix):
+    the characters the kernel allows are wider (quotes, `*`, `@`, ...)."""
+    return IFNAME_PREFIX.fullmatch(name) is not None
 
 
 def _cidrs(cidrs: Sequence[str], family: int) -> list[str]:

@@ -1,10 +1,12 @@
 """Keeps the egress SNAT table in step with the node's routing table.
 
 A thread of its own (pyroute2's sockets do not run on the uvloop loop) listens to rtnetlink's
-route, address and link events, and is told the Lace pod networks' prefixes by the proxier
-(`set_pod_networks`); after each burst (`debounce`) it reads the routing table
-again, works out the source ranges (`RoutingSnapshot.source_ranges`) and, when they differ
-from what is programmed, rewrites the egress table. Every `resync` seconds it rewrites the
+route, address and link events, and is told the Lace pod networks' prefixes and the node's
+podCIDRs by the proxier (`set_pod_networks`, `set_node_pod_cidrs`); after each burst
+(`debounce`) it reads the routing table again, works out the source ranges
+(`RoutingSnapshot.source_ranges`) and the pod interfaces (`RoutingSnapshot.pod_interfaces`,
+so a new pod's interface counts once its route is there) and, when they differ from what is
+programmed, rewrites the egress table. Every `resync` seconds it rewrites the
 table anyway (someone may have deleted it). A refused transaction is logged and counted and
 retried with backoff; what was programmed keeps working meanwhile.
 """
@@ -29,7 +31,7 @@ from pyroute2.netlink.rtnl import (
     RTMGRP_LINK,
 )
 
-from lace_proxy.dataplane.egress import EgressSnat, Ranges
+from lace_proxy.dataplane.egress import EgressSnat, Ranges, nft_interface_name
 from lace_proxy.dataplane.nft import NftError, enter_netns
 from lace_proxy.egress.routing import read_snapshot
 
@@ -58,10 +60,13 @@ class EgressController:
         self.resync = resync
         self.debounce = debounce
         self.programmed: Ranges | None = None  # what the table holds (None: not yet)
+        self.pod_interfaces: tuple[str, ...] | None = None  # derived ones the table holds
         self.syncs = 0  # programmings so far (tests wait on it)
         self.errors = 0
         self.pod_networks: tuple[str, ...] = ()  # the Lace pod networks' prefixes
+        self.node_pod_cidrs: tuple[str, ...] = ()  # this node's podCIDRs (its Node object)
         self._programmed_pods: tuple[str, ...] | None = None
+        self._unusable: tuple[str, ...] = ()  # pod interfaces whose names nft cannot take
         self._thread: threading.Thread | None = None
         self._stop_r, self._stop_w = os.pipe()
         self._wake_r, self._wake_w = os.pipe()
@@ -77,6 +82,13 @@ class EgressController:
         prefixes = tuple(sorted(prefixes))
         if prefixes != self.pod_networks:
             self.pod_networks = prefixes
+            self._poke(self._wake_w)
+
+    def set_node_pod_cidrs(self, prefixes: tuple[str, ...]) -> None:
+        """The node's podCIDRs changed (pod interfaces route them; any thread)."""
+        prefixes = tuple(sorted(prefixes))
+        if prefixes != self.node_pod_cidrs:
+            self.node_pod_cidrs = prefixes
             self._poke(self._wake_w)
 
     def start(self) -> None:
@@ -115,9 +127,15 @@ class EgressController:
                 snapshot = read_snapshot(ipr)
             ranges = {fam: snapshot.source_ranges(fam) for fam in (4, 6)}
             pods = self.pod_networks
-            if ranges == self.programmed and pods == self._programmed_pods and not force:
+            interfaces = self._pod_interfaces(snapshot.pod_interfaces(self._pod_prefixes()))
+            same = (ranges, pods, interfaces) == (
+                self.programmed,
+                self._programmed_pods,
+                self.pod_interfaces,
+            )
+            if same and not force:
                 return True
-            self.snat.apply(ranges, pods)
+            self.snat.apply(ranges, pods, interfaces)
         except Exception as exc:  # counted and retried: the thread must go on following
             self.errors += 1
             what = "refused" if isinstance(exc, NftError) else "failed"
@@ -127,11 +145,42 @@ class EgressController:
             return False
         if ranges != self.programmed:
             log.info("egress SNAT: %s", _describe(ranges))
-        self.programmed, self._programmed_pods = ranges, pods
+        if interfaces != self.pod_interfaces:
+            log.info("egress SNAT: %s", self._describe_interfaces(interfaces))
+        self.programmed, self._programmed_pods, self.pod_interfaces = ranges, pods, interfaces
         self.syncs += 1
         if self.metrics is not None:
             self.metrics.record_egress_sync(True, sum(len(r) for r in ranges.values()))
         return True
+
+    def _pod_prefixes(self) -> tuple[str, ...]:
+        return (*self.snat.settings.pod_cidrs, *self.pod_networks, *self.node_pod_cidrs)
+
+    def _pod_interfaces(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        """`names` that nft can take; the others are logged (once) and their traffic is
+        translated like any leaving the node."""
+        unusable = tuple(n for n in names if not nft_interface_name(n))
+        if unusable and unusable != self._unusable:
+            log.warning(
+                "egress SNAT: pod interfaces %s have names nftables rules cannot hold: their "
+                "pods see the node's address (name them plainly or set "
+                "detectLocal.interfaceNamePrefix)",
+                ", ".join(repr(n) for n in unusable),
+            )
+        self._unusable = unusable
+        return tuple(n for n in names if n not in unusable)
+
+    def _describe_interfaces(self, names: tuple[str, ...]) -> str:
+        prefix = self.snat.settings.pod_interface_prefix
+        known = [f"{prefix}*"] if prefix else []
+        known += names
+        if not known:
+            return (
+                "no pod interface known (no detectLocal.interfaceNamePrefix, no on-link route "
+                "into a pod prefix): traffic to local pods outside the pod prefixes is "
+                "translated too"
+            )
+        return f"pod interfaces (untranslated): {', '.join(known)}"
 
     def _run(self) -> None:
         try:

@@ -11,6 +11,9 @@ choice to the kernel). IPv6 source selection is approximated the same way (not R
 
 Only the main table's unicast routes count (policy rules that send pod traffic elsewhere are
 not followed); of a multipath route, the first next hop.
+
+The same snapshot names the node's pod interfaces (`pod_interfaces`): where the node routes a
+pod prefix on-link, a pod lives behind the interface, whatever else it is addressed by.
 """
 
 from __future__ import annotations
@@ -138,6 +141,27 @@ class RoutingSnapshot:
             return self.source(route) if route else None
 
         return disjoint_ranges(family, (r.network for r in self.routes), source_of)
+
+    def pod_interfaces(self, pod_prefixes: Iterable[str]) -> tuple[str, ...]:
+        """The interfaces the node reaches pods by directly (sorted): those of on-link routes
+        (no gateway) inside a pod prefix. An interface that also routes through a gateway is
+        an uplink or a tunnel to other routers, even where pods share its subnet (a flat
+        network), so it never counts: its traffic leaves the node."""
+        nets = [ipaddress.ip_network(p, strict=False) for p in pod_prefixes]
+
+        def in_pods(net: IPNetwork) -> bool:
+            return any(net.network_address in n and net.prefixlen >= n.prefixlen for n in nets)
+
+        uplinks = {r.interface for r in self.routes if r.gateway is not None}
+        found = {
+            r.interface
+            for r in self.routes
+            if r.kind == "unicast"
+            and r.gateway is None
+            and r.interface not in uplinks
+            and in_pods(r.network)
+        }
+        return tuple(sorted(found))
 
 
 def read_snapshot(ipr: Any) -> RoutingSnapshot:

@@ -17,20 +17,37 @@ and reports the source it saw)::
 The edge knows no pod addresses: a pod's packet that reaches it untranslated gets no answer
 (outcome "timeout"); one translated to a source it can route back to is answered. Masquerade
 would pick eth1's address for 198.18.1.0/24 too: only the route's own source tells them apart.
+
+Pods of node-a beyond cluster.py's, for traffic that must stay untranslated inside the node::
+
+    a1 also fd00:251:0:1::11 (in POD_CIDR6 fd00:251::/48; gateway fd00:251:0:1::1 on va1)
+    ax 10.253.1.11, fd00:253:1::11 on vax: outside every pod prefix (a second network's),
+       gateways 10.253.1.1 and fd00:253:1::1, /32 and /128 routes on vax as for every pod
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from lace_proxy.sandbox.cluster import NODE_B4, UNDERLAY_CIDR4, ClusterTestbed, _batch
-from lace_proxy.sandbox.testbed import DEFAULT_PORTS, Host, _run, _sysctls, _write_sysctls
+from lace_proxy.sandbox.testbed import (
+    DEFAULT_PORTS,
+    Host,
+    _reachable,
+    _run,
+    _sysctls,
+    _write_sysctls,
+)
 
 UPLINK_A4, UPLINK_B4 = "192.0.2.11", "192.0.3.12"
 EDGE_A4, EDGE_B4 = "192.0.2.1", "192.0.3.1"
 PLATFORM_A4 = "172.16.0.11"
 LAB4, LAB_PREFSRC4, BEYOND_B4 = "198.18.0.10", "198.18.1.10", "198.51.100.10"
 LAB_CIDR4, LAB_PREFSRC_CIDR4, BEYOND_B_CIDR4 = "198.18.0.0/24", "198.18.1.0/24", "198.51.100.0/24"
+POD_CIDR6, A1_6, POD_GATEWAY_A6 = "fd00:251::/48", "fd00:251:0:1::11", "fd00:251:0:1::1"
+AX4, AX_GATEWAY4, AX_CIDR4 = "10.253.1.11", "10.253.1.1", "10.253.1.0/24"
+AX6, AX_GATEWAY6, AX_CIDR6 = "fd00:253:1::11", "fd00:253:1::1", "fd00:253:1::/64"
 
 
 class EgressTestbed(ClusterTestbed):
@@ -78,3 +95,44 @@ class EgressTestbed(ClusterTestbed):
         ]
         _run(["ip", "-n", b.ns.name, "-batch", "-"], _batch(node_b))
         self.serve(self.edge, self.ports)
+        self._add_local_pods()
+
+    def _add_local_pods(self) -> None:
+        """IPv6 for a1, and the pod ax (see the module docstring)."""
+        a, a1 = self.nodes["node-a"], self.pods["a1"]
+        (ax_ns,) = self._add_namespaces(["Pax"])
+        ax = self.pods["ax"] = Host("ax", AX4, AX6, ax_ns)
+        self.pods["a1"] = a1 = Host(a1.name, a1.ipv4, A1_6, a1.ns)
+        self.pod_nodes["ax"] = "node-a"
+        ax_ns.call(_write_sysctls, _sysctls(router=False))
+        node_a = [
+            f"addr add {POD_GATEWAY_A6}/128 dev va1 nodad",
+            f"route add {A1_6}/128 dev va1",
+            f"link add vax type veth peer name eth0 netns {ax_ns.name}",
+            "link set vax up",
+            f"addr add {AX_GATEWAY4}/32 dev vax",
+            f"addr add {AX_GATEWAY6}/128 dev vax nodad",
+            f"route add {AX4}/32 dev vax",
+            f"route add {AX6}/128 dev vax",
+        ]
+        _run(["ip", "-n", a.ns.name, "-batch", "-"], _batch(node_a))
+        ax_lines = ["link set lo up", "link set eth0 up", *_pod_address(AX4, AX_GATEWAY4)]
+        ax_lines += _pod_address(AX6, AX_GATEWAY6)
+        _run(["ip", "-n", ax_ns.name, "-batch", "-"], _batch(ax_lines))
+        _run(["ip", "-n", a1.ns.name, "-batch", "-"], _batch(_pod_address(A1_6, POD_GATEWAY_A6)))
+        self.serve(ax, self.ports)
+        deadline = time.monotonic() + 5
+        for ip, name in ((AX4, "ax"), (AX6, "ax"), (A1_6, "a1")):
+            result = _reachable(a, ip, self.ports[0], deadline)
+            if result.reply is None or result.reply.name != name:
+                raise RuntimeError(f"node-a to {name} at {ip}: got {result}")
+
+
+def _pod_address(ip: str, gateway: str) -> list[str]:
+    """A pod's address on its eth0 and its default route through the node's `gateway`."""
+    bits, dad = (128, " nodad") if ":" in ip else (32, "")
+    return [
+        f"addr add {ip}/{bits} dev eth0{dad}",
+        f"route add {gateway}/{bits} dev eth0",
+        f"route add default via {gateway}",
+    ]

@@ -112,7 +112,10 @@ SOCK_EXTENDED_ERR = struct.Struct("=IBBBBII")  # errno, origin, type, code, pad,
 # "lp<pid hex>.<testbed no hex><role>". Testbed's roles: N(ode), C(lient), G(w), P<i> (pods).
 # ClusterTestbed's: F(abric), Xf and Xn (the far and near clients), Na and Nb (nodes), and
 # Pa1 Pa2 Pab Pb1 Pbb (pods: the node's letter, then the pod's number or b for blue).
-_NAME_PATTERN = re.compile(r"lp([0-9a-f]+)\.[0-9a-f]+(?:N|C|G|P[0-9]+|F|E|X[fn]|N[ab]|P[ab][12b])")
+# EgressTestbed's: E (the edge) and Pax (a pod of node-a outside the pod prefixes).
+_NAME_PATTERN = re.compile(
+    r"lp([0-9a-f]+)\.[0-9a-f]+(?:N|C|G|P[0-9]+|F|E|X[fn]|N[ab]|P[ab][12b]|Pax)"
+)
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _testbeds = itertools.count()
 T = TypeVar("T")
@@ -535,6 +538,13 @@ class TestbedBase(abc.ABC):
         server = self._spawn(host, name or host.name, ports, http_ports, echo_ports)
         self._servers.append(server)
         server.wait_ready(time.monotonic() + 10)
+
+    def stop_serving(self, name: str) -> None:
+        """Stop every server called `name`, as a pod that goes away: its listeners close (new
+        connections are refused) and the connections it holds end."""
+        for server in [s for s in self._servers if s.name == name]:
+            self._servers.remove(server)
+            server.stop()
 
     def exec(
         self, where: Where, argv: Sequence[str], *, input: str | None = None, check: bool = True

@@ -105,7 +105,8 @@ class Harness:
     `node` is the namespace programmed (the single-node testbed's node by default) and
     `node_name` the Node it is; `routing` turns on the policy routes; `mode` "ipvs" programs
     IPVS (plus nftables without translation; needs an IPVS kernel: tests/vm); `pod_networks`
-    is told the pod networks' prefixes at each sync (the egress controller's hook).
+    is told the pod networks' prefixes at each sync and `node_pod_cidrs` the Node's podCIDRs
+    when they change (the egress controller's hooks).
     """
 
     def __init__(
@@ -119,6 +120,7 @@ class Harness:
         mode: str = "nftables",
         ipvs: IpvsSettings | None = None,
         pod_networks: Callable[[tuple[str, ...]], None] | None = None,
+        node_pod_cidrs: Callable[[tuple[str, ...]], None] | None = None,
         verify_every: int = 1,
         **settings: Any,
     ) -> None:
@@ -144,6 +146,7 @@ class Harness:
             sources=[SOURCE_NAME],
             routes=self.routes,
             pod_networks=pod_networks,
+            node_pod_cidrs=node_pod_cidrs,
         )
         self.source = ManifestSource(folder, self.proxier, self.rejections)
         self.proxier.synced(SOURCE_NAME)

@@ -1,11 +1,13 @@
 """Pod egress by the node's routes (DESIGN.md §4), on real traffic in the egress testbed.
 
 The controller runs in node-a's namespace as in `lace-proxy run` (its own thread, following
-rtnetlink events); pod a1 connects out, and each far end reports the source it saw.
+rtnetlink events); pod a1 connects out, and each far end reports the source it saw. Traffic
+that stays on the node (to pod ax, outside every pod prefix) must keep a1's source.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import time
@@ -23,12 +25,20 @@ from lace_proxy.egress.controller import EgressController
 from lace_proxy.metrics import ProxyMetrics
 from lace_proxy.sandbox.cluster import A1_4, B1_4, FAR4, NEAR4, NEAR_CIDR4, NODE_A4, NODE_B4
 from lace_proxy.sandbox.egress import (
+    A1_6,
+    AX4,
+    AX6,
+    AX_CIDR4,
+    AX_CIDR6,
+    AX_GATEWAY4,
+    AX_GATEWAY6,
     BEYOND_B4,
     EDGE_A4,
     LAB4,
     LAB_CIDR4,
     LAB_PREFSRC4,
     PLATFORM_A4,
+    POD_CIDR6,
     UPLINK_A4,
     EgressTestbed,
 )
@@ -36,7 +46,7 @@ from lace_proxy.sandbox.testbed import Result, request_tcp, request_udp
 
 from ..lacekit import external, l3
 from .conftest import _skip_unless_capable
-from .proxykit import Harness
+from .proxykit import Harness, endpoints, service
 
 pytestmark = pytest.mark.netns
 
@@ -179,6 +189,97 @@ def test_the_table_comes_back_when_deleted(
     tb.exec(tb.nodes["node-a"], ["nft", "delete", "table", "inet", "lace-proxy-egress"])
     assert seen(tb, FAR4) == A1_4
     wait_for(lambda: seen(tb, FAR4) == NODE_A4)
+
+
+# -- Traffic that stays on the node keeps the pod's source -----------------------------------
+
+CLUSTER_CIDRS = (*POD_CIDRS, POD_CIDR6)
+CLUSTER_IPS = {4: "10.96.0.60", 6: "fd00:96::60"}
+A1 = {4: A1_4, 6: A1_6}
+AX = {4: AX4, 6: AX6}
+AX_GATEWAY = {4: AX_GATEWAY4, 6: AX_GATEWAY6}  # vax's address: the source a SNAT would pick
+
+
+@contextlib.contextmanager
+def ax_behind_a_cluster_ip(
+    tb: EgressTestbed, folder: Path, controller: EgressController
+) -> Iterator[Harness]:
+    """The proxy on node-a serving a dual-stack ClusterIP whose endpoint is pod ax (a1's
+    connection to it is not masqueraded by the service table: a1 is in clusterCIDR)."""
+    proxy = Harness(
+        tb,
+        folder,
+        node=tb.nodes["node-a"],
+        node_name="node-a",
+        cluster_cidrs=CLUSTER_CIDRS,
+        pod_networks=controller.set_pod_networks,
+        node_pod_cidrs=controller.set_node_pod_cidrs,
+    )
+    try:
+        ax = tb.pods["ax"]
+        svc = service("ax", list(CLUSTER_IPS.values()), port=8080)
+        proxy.write("ax", svc, endpoints("ax", [ax]), endpoints("ax", [ax], v6=True))
+        proxy.sync()
+        yield proxy
+    finally:
+        proxy.close()
+
+
+def seen_by_ax(tb: EgressTestbed, family: int) -> tuple[str | None, str | None]:
+    """The source ax saw for a new TCP connection from a1 to the ClusterIP, and straight."""
+    via_service = request_tcp(tb.pods["a1"], CLUSTER_IPS[family], 8080, timeout=1.0)
+    assert via_service.reply is None or via_service.reply.name == "ax", via_service
+    return (
+        via_service.reply.peer if via_service.reply else None,
+        seen(tb, AX[family]),
+    )
+
+
+@pytest.mark.parametrize("family", [4, 6])
+def test_a_local_pod_outside_the_pod_prefixes_sees_the_client_pod(
+    tb: EgressTestbed, start: Callable[..., EgressController], tmp_path: Path, family: int
+) -> None:
+    """ax's interface is a pod interface by detectLocal.interfaceNamePrefix ("v"): packets out
+    of it are not translated, while traffic leaving the node still is."""
+    controller = start(pod_cidrs=CLUSTER_CIDRS, pod_interface_prefix="v")
+    with ax_behind_a_cluster_ip(tb, tmp_path / "manifests", controller):
+        assert seen_by_ax(tb, family) == (A1[family], A1[family])
+    assert controller.pod_interfaces == ("va1", "va2", "vablue")  # vax only by the prefix
+    assert seen(tb, FAR4) == NODE_A4
+
+
+@pytest.mark.parametrize("family", [4, 6])
+def test_pod_interfaces_follow_the_routes_and_the_nodes_pod_cidrs(
+    tb: EgressTestbed, start: Callable[..., EgressController], tmp_path: Path, family: int
+) -> None:
+    """Without interfaceNamePrefix, an interface the node routes a pod prefix through on-link
+    is a pod interface: known once the route is there (route events), or once the Node's
+    podCIDRs cover ax's addresses. Known neither way, ax's traffic is translated."""
+    controller = start(pod_cidrs=CLUSTER_CIDRS)
+    node = tb.nodes["node-a"]
+    untranslated = (A1[family], A1[family])
+    translated = (AX_GATEWAY[family], AX_GATEWAY[family])
+    with ax_behind_a_cluster_ip(tb, tmp_path / "manifests", controller) as proxy:
+        assert seen_by_ax(tb, family) == translated
+        assert controller.pod_interfaces == ("va1", "va2", "vablue")
+        # The CNI routes a clusterCIDR address (a second one of ax's) to ax's interface.
+        in_cluster = {4: "10.251.1.13/32", 6: "fd00:251:0:1::13/128"}[family]
+        tb.exec(node, ["ip", "route", "add", in_cluster, "dev", "vax"])
+        try:
+            wait_for(lambda: seen_by_ax(tb, family) == untranslated)
+        finally:
+            tb.exec(node, ["ip", "route", "del", in_cluster, "dev", "vax"])
+        wait_for(lambda: seen_by_ax(tb, family) == translated)
+        # The Node's podCIDRs, from the proxier: ax's /32 and /128 routes lie inside them.
+        node_a = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}}
+        proxy.write("node", {**node_a, "spec": {"podCIDRs": [AX_CIDR4, AX_CIDR6]}})
+        proxy.sync()
+        wait_for(lambda: seen_by_ax(tb, family) == untranslated)
+        assert controller.pod_interfaces == ("va1", "va2", "vablue", "vax")
+        proxy.remove("node")
+        proxy.sync()
+        wait_for(lambda: seen_by_ax(tb, family) == translated)
+    assert seen(tb, FAR4) == NODE_A4
 
 
 def source_of(controller: EgressController, address: str) -> str | None:

@@ -52,6 +52,24 @@ def test_what_is_not_translated_and_why() -> None:
     assert diagnose_egress(SNAPSHOT, ON, POD, "198.18.0.9").to_dict()["ok"] is True
 
 
+def test_a_pod_of_this_node_outside_the_pod_prefixes_is_not_translated() -> None:
+    """Routed to a pod interface (by detectLocal.interfaceNamePrefix, or because it routes a
+    pod prefix, here the node's podCIDR, on-link), the connection keeps the pod's source."""
+    local = replace(
+        SNAPSHOT,
+        routes=(*SNAPSHOT.routes, Route("10.253.1.11/32", None, "vax", None)),
+        addresses=(*SNAPSHOT.addresses, Address("vax", "10.253.1.1", 32)),
+    )
+    assert diagnose_egress(local, ON, POD, "10.253.1.11").source == "10.253.1.1"
+    for settings in (
+        replace(ON, pod_interface_prefix="v"),
+        replace(ON, node_pod_cidrs=("10.253.1.0/24",)),
+    ):
+        report = diagnose_egress(local, settings, POD, "10.253.1.11")
+        assert (report.translated, report.source) == (False, POD)
+        assert report.why == "routed to vax, a pod interface (a pod of this node): untranslated"
+
+
 FINE = NodeFacts(
     sysctls={
         "net.ipv4.ip_forward": 1,

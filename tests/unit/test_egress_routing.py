@@ -83,3 +83,25 @@ def test_source_ranges_are_disjoint_and_agree_with_lookup() -> None:
 def _within(address: str, first: str, last: str) -> bool:
     ip = ipaddress.ip_address(address)
     return ipaddress.ip_address(first) <= ip <= ipaddress.ip_address(last)
+
+
+def test_pod_interfaces_route_a_pod_prefix_on_link() -> None:
+    snapshot = RoutingSnapshot(
+        routes=(
+            Route("0.0.0.0/0", "10.250.0.254", "eth0", None),
+            Route("10.251.2.0/24", "10.250.0.12", "eth0", None),  # another node's pods
+            Route("10.251.1.11/32", None, "cali1", None),  # a pod of this node
+            Route("fd00:251:0:1::12/128", None, "cali2", None),
+            Route("10.253.1.11/32", None, "cali3", None),  # outside every pod prefix
+            Route("10.244.0.0/24", None, "cni0", "10.244.0.1"),  # a bridge: the podCIDR
+            Route("10.244.1.0/24", "10.244.1.0", "flannel.1", None),  # a tunnel to pods
+            Route("10.0.0.0/8", None, "tun0", None),  # holds pod prefixes, is not in one
+            Route("10.240.0.0/16", None, "eth1", None),  # pods share eth1's flat network,
+            Route("172.20.0.0/16", "10.240.0.1", "eth1", None),  # which leads elsewhere too
+            Route("10.251.0.0/16", None, "", None, kind="blackhole"),
+        )
+    )
+    pods = ("10.251.0.0/16", "fd00:251::/48", "10.244.0.0/16", "10.240.0.0/16")
+    assert snapshot.pod_interfaces(pods) == ("cali1", "cali2", "cni0")
+    assert snapshot.pod_interfaces(("10.253.1.0/24",)) == ("cali3",)  # e.g. a node's podCIDR
+    assert snapshot.pod_interfaces(()) == ()
