@@ -580,17 +580,20 @@ def _explain_frontend(
         controlled, element, _ = _access_elements(plan, f, None)
         expects.append(Expect((controlled,), element, False, "controlled by the model"))
 
-    if (
-        not q.from_node
-        and f.kind == LOAD_BALANCER
-        and plan.lb_source_ranges
-        and not _allows_all(plan.lb_source_ranges)
-        and not _covered(q.source, plan.lb_source_ranges)
-    ):
-        reason = (
-            f"{q.source} is not in loadBalancerSourceRanges ({', '.join(plan.lb_source_ranges)})"
-        )
-        return _done(e, DROPPED, reason, expects, backends=(), allowed_by=allowed_by)
+    ranges = plan.lb_source_ranges
+    if f.kind == LOAD_BALANCER and ranges and not _allows_all(ranges):
+        listed = ", ".join(ranges)
+        if not q.from_node and not _covered(q.source, ranges):
+            reason = f"{q.source} is not in loadBalancerSourceRanges ({listed})"
+            return _done(e, DROPPED, reason, expects, backends=(), allowed_by=allowed_by)
+        # The node's connection leaves from its address, or (a VIP-style load balancer put
+        # the IP on the node) from the IP itself, which the ranges let in with the node.
+        if q.from_node and not any(_covered(a, ranges) for a in state.node.internal_ips):
+            reason = (
+                f"loadBalancerSourceRanges ({listed}) cover no InternalIP of this node: its "
+                "own connection is dropped"
+            )
+            return _done(e, DROPPED, reason, expects, backends=(), allowed_by=allowed_by)
 
     # Which endpoints: externalTrafficPolicy Local short-circuits pods (clusterCIDR) and the
     # node itself to every endpoint.

@@ -306,6 +306,38 @@ def test_a_service_cidr_with_a_bad_prefix_is_rejected_with_its_reason(
     ]
 
 
+def test_source_ranges_decide_for_the_node_by_its_address(
+    capsys: pytest.CaptureFixture[str], folder: Folder
+) -> None:
+    folder.write("networks")  # plain kube-proxy
+    lb = {"loadBalancer": {"ingress": [{"ip": "10.252.0.20"}]}}
+
+    def guarded(*ranges: str) -> None:
+        folder.write(
+            "web",
+            service(
+                "web",
+                WEB_VIP,
+                type="LoadBalancer",
+                status=lb,
+                loadBalancerSourceRanges=list(ranges),
+            ),
+            WEB[1],
+        )
+
+    guarded("10.250.0.2/32")
+    code, doc = run(capsys, folder, "node", "10.252.0.20:80")
+    assert (code, doc["verdict"]) == (1, "dropped")
+    assert "cover no InternalIP of this node" in doc["reason"]
+    code, doc = run(capsys, folder, "10.250.0.2", "10.252.0.20:80")
+    assert (code, doc["verdict"]) == (0, "allowed")
+    guarded(f"{NODE_IP}/32")
+    code, doc = run(capsys, folder, "node", "10.252.0.20:80")
+    assert (code, doc["verdict"]) == (0, "allowed")
+    code, doc = run(capsys, folder, "10.250.0.2", "10.252.0.20:80")
+    assert (code, doc["verdict"]) == (1, "dropped")
+
+
 def test_node_without_a_host_local_network_has_no_identity(
     capsys: pytest.CaptureFixture[str], folder: Folder
 ) -> None:
