@@ -4,6 +4,8 @@
   parametrize it indirectly with a dict of other ``ApiServer`` options.
 * ``connect``: a real ``kubernetes.client.ApiClient`` for any emulator, from its kubeconfig.
 * ``kube``: such a client for ``api``.
+* ``control_plane``, ``real_kube``: a real etcd + kube-apiserver per session and an admin
+  client for it (testkit/controlplane/pytest_plugin.py).
 * ``when_watching``: runs a callable in a thread once a client's watch is open, so a test can
   write while its own thread is blocked reading the watch stream (returns the thread).
 """
@@ -18,6 +20,7 @@ import pytest
 from kubernetes import client, config
 
 from lace_proxy.sandbox.apiserver import ApiServer
+from testkit.controlplane.pytest_plugin import control_plane, real_kube  # noqa: F401 (fixtures)
 
 BOOKMARK_INTERVAL = 0.2
 

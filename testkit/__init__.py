@@ -1,0 +1,1 @@
+"""Test support outside the shipped package: the real control plane, testbeds, helpers."""
