@@ -211,7 +211,7 @@ cdef class Plan:
     cdef readonly str id, service, port_name, protocol, cluster_ip
     cdef readonly int family, port, node_port, affinity_timeout, health_check_node_port
     cdef readonly tuple external_ips, lb_ips, lb_source_ranges
-    cdef readonly tuple cluster_backends, local_backends
+    cdef readonly tuple cluster_backends, local_backends, standby_backends
     cdef readonly bint internal_local, external_local
     cdef readonly object internal_verdict, external_verdict
     cdef readonly object access  # Access | None
@@ -257,6 +257,7 @@ cdef bint _plan_eq(Plan a, Plan b):
             and a.lb_source_ranges == b.lb_source_ranges
             and a.cluster_backends == b.cluster_backends
             and a.local_backends == b.local_backends
+            and a.standby_backends == b.standby_backends
             and a.scheduler == b.scheduler
             and (a.access is b.access or a.access == b.access))
 
@@ -537,6 +538,38 @@ cdef inline bint _chosen(unsigned char f, unsigned char need, int mode):
     return True
 
 
+cdef inline bint _on_standby(unsigned char f, unsigned char cluster_need, int mode,
+                             unsigned char local_need):
+    """Serving, yet chosen by neither selection (`cluster_need` under `mode`, `local_need`;
+    0: that selection was not made)."""
+    if not (f & F_SERVING):
+        return False
+    if cluster_need and _chosen(f, cluster_need, mode):
+        return False
+    return not (local_need and _chosen(f, local_need, 0))
+
+
+cdef tuple _standby(Cand* cands, Py_ssize_t n, unsigned char cluster_need, int mode,
+                    unsigned char local_need):
+    """The backends _on_standby, in candidate order; () (no allocation) when none is."""
+    cdef Py_ssize_t i, k = 0, count = 0
+    cdef tuple out
+    cdef Backend b
+    for i in range(n):
+        if _on_standby(cands[i].flags, cluster_need, mode, local_need):
+            count += 1
+    if count == 0:
+        return ()
+    out = PyTuple_New(count)
+    for i in range(n):
+        if _on_standby(cands[i].flags, cluster_need, mode, local_need):
+            b = _backend(&cands[i])
+            Py_INCREF(b)
+            PyTuple_SET_ITEM(out, k, b)
+            k += 1
+    return out
+
+
 cdef tuple _select(Cand* cands, Py_ssize_t n, unsigned char need, int mode):
     """The backends whose flags include `need`, in candidate order: one tuple, no list."""
     cdef Py_ssize_t i, k = 0, count = 0
@@ -714,6 +747,7 @@ cdef Plan _plan_without(Plan p, frozenset lost):
     q.lb_source_ranges = p.lb_source_ranges
     q.cluster_backends = p.cluster_backends
     q.local_backends = p.local_backends
+    q.standby_backends = p.standby_backends
     q.internal_local = p.internal_local
     q.external_local = p.external_local
     q.internal_verdict = p.internal_verdict
@@ -1114,6 +1148,7 @@ cdef class ServiceTable:
         cdef int family, node_port, mode
         cdef bint accessible, external_local, uses_cluster, uses_local, has_any, sp_exact
         cdef bint local_ready, local_terminating
+        cdef unsigned char cluster_need, local_need
         cdef tuple external_ips, lb_ips, ranges, cluster, local
         cdef str cluster_ip, pid, port_name, protocol
         cdef Py_ssize_t i, n
@@ -1140,11 +1175,15 @@ cdef class ServiceTable:
                 cluster = ()
                 local = ()
                 has_any = False
+                mode = 0
+                cluster_need = local_need = 0
                 if uses_cluster:
                     mode = _topology_mode(cands, n)
-                    cluster = _select(cands, n, F_READY, mode)
+                    cluster_need = F_READY
+                    cluster = _select(cands, n, cluster_need, mode)
                     if len(cluster) == 0:
-                        cluster = _select(cands, n, F_SERVING | F_TERMINATING, mode)
+                        cluster_need = F_SERVING | F_TERMINATING
+                        cluster = _select(cands, n, cluster_need, mode)
                     has_any = len(cluster) > 0
                 if uses_local:
                     local_ready = False
@@ -1160,9 +1199,11 @@ cdef class ServiceTable:
                             if f & F_LOCAL:
                                 local_terminating = True
                     if local_ready:
-                        local = _select(cands, n, F_LOCAL | F_READY, 0)
+                        local_need = F_LOCAL | F_READY
                     elif local_terminating:
-                        local = _select(cands, n, F_LOCAL | F_SERVING | F_TERMINATING, 0)
+                        local_need = F_LOCAL | F_SERVING | F_TERMINATING
+                    if local_need:
+                        local = _select(cands, n, local_need, 0)
                 plan = Plan.__new__(Plan)
                 pid = f"{key}:{port_name}/{protocol}/{'v4' if family == 4 else 'v6'}"
                 plan.id = pid
@@ -1181,6 +1222,7 @@ cdef class ServiceTable:
                 plan.external_local = external_local
                 plan.cluster_backends = cluster
                 plan.local_backends = local
+                plan.standby_backends = _standby(cands, n, cluster_need, mode, local_need)
                 if not has_any:
                     plan.internal_verdict = "reject"
                     plan.external_verdict = "reject"

@@ -3,8 +3,12 @@
 A UDP "connection" lives in conntrack until it idles out, and keeps its DNAT decision for
 that long: a client that keeps sending would keep reaching a removed endpoint, and one that
 was rejected while a service had no endpoints would keep bypassing the new ones. After a
-sync, the entries of removed UDP endpoints, and of UDP services that just got endpoints,
-are deleted (`conntrack -D`, conntrack-tools; argv only, addresses already validated).
+sync, the entries of UDP endpoints that stopped serving (removed, or `serving: false`), and
+of UDP services that just got endpoints, are deleted (`conntrack -D`, conntrack-tools; argv
+only, addresses already validated). As kube-proxy's reconciler, an endpoint that is still
+serving keeps its flows whatever the traffic policies, topology or terminating state say
+(a plan's standby backends): a terminating pod keeps a UDP flow, as it keeps a TCP
+connection, until it is removed.
 """
 
 from __future__ import annotations
@@ -24,9 +28,11 @@ Filter = tuple[str, ...]  # conntrack -D arguments after "-p udp"
 
 
 def _endpoints(plan: Any | None) -> set[tuple[str, int]]:
+    """The endpoints whose flows a plan keeps: those it uses and those on standby."""
     if plan is None:
         return set()
-    return {(b.ip, b.port) for b in (*plan.cluster_backends, *plan.local_backends)}
+    backends = (*plan.cluster_backends, *plan.local_backends, *plan.standby_backends)
+    return {(b.ip, b.port) for b in backends}
 
 
 def _served(plan: Any | None) -> bool:
@@ -45,7 +51,7 @@ def stale_udp_filters(changes: Changeset) -> Iterator[Filter]:
         if plan.protocol != "UDP":
             continue
         family = ("-f", "ipv6") if plan.family == 6 else ()
-        addresses = (plan.cluster_ip, *plan.external_ips, *plan.lb_ips)
+        addresses = _addresses(plan)
         for ip, port in sorted(_endpoints(old) - _endpoints(new)):
             for address in addresses:
                 yield (
@@ -87,17 +93,19 @@ _ENDPOINT_MAPS = {
 
 
 def stale_udp_filters_by_elements(
-    diff: Mapping[str, tuple[set[str], set[str]]],
+    diff: Mapping[str, tuple[set[str], set[str]]], plans: Iterable[Any] = ()
 ) -> Iterator[Filter]:
     """The conntrack deletions a full sync's element diff calls for, when what was
     programmed before is known from the kernel (after a restart) rather than a changeset:
-    UDP flows translated to an endpoint a frontend no longer has, and flows to a frontend
-    that has just become served (they were left untranslated)."""
+    UDP flows translated to an endpoint a frontend no longer has (unless the endpoint is on
+    standby in `plans`: still serving), and flows to a frontend that has just become served
+    (they were left untranslated)."""
+    standby = _standby_pairs(plans)
     for fam in (4, 6):
         family = ("-f", "ipv6") if fam == 6 else ()
         for prefix, kind in _ENDPOINT_MAPS.items():
             gone, new = diff.get(f"{prefix}-v{fam}", (set(), set()))
-            for frontend, endpoint in sorted(_pairs(gone) - _pairs(new)):
+            for frontend, endpoint in sorted(_pairs(gone) - _pairs(new) - standby):
                 parts = frontend.split(" . ")
                 if "udp" not in parts:
                     continue
@@ -118,6 +126,25 @@ def stale_udp_filters_by_elements(
                     yield (*family, "--orig-port-dst", parts[1])
                 else:
                     yield (*family, "--orig-dst", parts[0], "--orig-port-dst", parts[2])
+
+
+def _standby_pairs(plans: Iterable[Any]) -> set[tuple[str, str]]:
+    """(frontend, endpoint) as the endpoint maps spell them, for every UDP plan's standby
+    endpoints: `ADDRESS . udp . PORT` (and `udp . NODEPORT`), `IP . PORT`."""
+    out = set()
+    for plan in plans:
+        if plan.protocol != "UDP" or not plan.standby_backends:
+            continue
+        frontends = [f"{a} . udp . {plan.port}" for a in _addresses(plan)]
+        if plan.node_port:
+            frontends.append(f"udp . {plan.node_port}")
+        for b in plan.standby_backends:
+            out.update((frontend, f"{b.ip} . {b.port}") for frontend in frontends)
+    return out
+
+
+def _addresses(plan: Any) -> tuple[str, ...]:
+    return (plan.cluster_ip, *plan.external_ips, *plan.lb_ips)
 
 
 def _pairs(elements: Iterable[str]) -> set[tuple[str, str]]:

@@ -987,7 +987,7 @@ class NftablesBackend:
             if kernel is not None:
                 # What the kernel held is known: only flows it translated to endpoints now
                 # gone, or left alone for frontends now served, are stale.
-                self.conntrack.delete_udp(stale_udp_filters_by_elements(diff))
+                self.conntrack.delete_udp(stale_udp_filters_by_elements(diff, plans))
             elif changes is not None:
                 self.conntrack.delete_udp(stale_udp_filters(changes))
         return len(tx)

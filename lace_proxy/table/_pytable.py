@@ -48,6 +48,10 @@ class Plan(NamedTuple):
     load balancing for internal (ClusterIP) or external (NodePort, ExternalIP, LB) traffic.
     `access` says which Lace networks may reach the frontends (None: no network model).
     `scheduler` is the IPVS scheduler the service asks for ("": the configured default).
+    `standby_backends` are the serving endpoints neither set uses (terminating ones while
+    others are ready, those left out by topology or a Local policy): no new flow goes to
+    them, but the flows they already have stay (UDP conntrack cleanup spares them, as
+    kube-proxy's reconciler keeps every flow whose endpoint is serving).
     """
 
     id: str
@@ -71,6 +75,7 @@ class Plan(NamedTuple):
     health_check_node_port: int
     access: Access | None = None
     scheduler: str = ""
+    standby_backends: tuple[Backend, ...] = ()
 
     @property
     def internal_backends(self) -> tuple[Backend, ...]:
@@ -297,6 +302,10 @@ class ServiceTable:
                 else:
                     internal_verdict = None if internal else "drop"
                     external_verdict = "drop" if external_local and not local else None
+                used = {(b.ip, b.port) for b in (*cluster, *local)}
+                standby = tuple(
+                    _backend(c) for c in candidates if c.serving and (c.ip, c.port) not in used
+                )
                 pid = f"{key}:{sp.name}/{sp.protocol}/v{family}"
                 plans[pid] = Plan(
                     pid,
@@ -320,6 +329,7 @@ class ServiceTable:
                     svc.health_check_node_port if external_local else 0,
                     access,
                     scheduler,
+                    standby,
                 )
         return plans
 

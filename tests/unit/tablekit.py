@@ -58,6 +58,7 @@ def plan_view(plan: Any) -> tuple[Any, ...]:
         plan.external_local,
         b(plan.cluster_backends),
         b(plan.local_backends),
+        b(plan.standby_backends),
         plan.internal_verdict,
         plan.external_verdict,
         plan.health_check_node_port,

@@ -120,6 +120,23 @@ def test_terminating_serving_endpoints_are_used_only_without_ready_ones(twin: Mo
     assert plan.internal_verdict is None
 
 
+def test_serving_endpoints_left_unused_are_on_standby(twin: ModuleType) -> None:
+    """Their existing flows stay (UDP conntrack cleanup spares them); not serving: no."""
+    term = ep("10.0.0.2", ready=False, serving=True, terminating=True)
+    gone = ep("10.0.0.3", ready=False, serving=False, terminating=True)
+    remote = ep("10.0.0.4", node="n2")
+    plan = only_plan(built(twin, svc(), eps(ep("10.0.0.1"), term, gone, remote)))
+    assert ips(plan.standby_backends) == ["10.0.0.2"]
+    assert plan.standby_backends[0].terminating
+    # Used as the fallback: not on standby.
+    assert only_plan(built(twin, svc(), eps(term, gone))).standby_backends == ()
+    # Left out by internalTrafficPolicy Local: on standby, ready or not.
+    local = svc(internal_traffic_policy="Local")
+    plan = only_plan(built(twin, local, eps(ep("10.0.0.1"), term, gone, remote)))
+    assert ips(plan.local_backends) == ["10.0.0.1"]
+    assert ips(plan.standby_backends) == ["10.0.0.2", "10.0.0.4"]
+
+
 def test_service_without_usable_endpoints_rejects_everywhere(twin: ModuleType) -> None:
     not_serving = ep("10.0.0.3", ready=False, serving=False, terminating=True)
     for slices in ((), (eps(not_serving),)):

@@ -37,7 +37,7 @@ def test_ipvs_suite_passes_in_the_vm(vm: Vm) -> None:
 
 def test_mode_parity_the_behavioural_suite_passes_in_ipvs_mode(vm: Vm) -> None:
     """tests/netns' traffic tests parametrized over modes, their ipvs half, on real IPVS."""
-    result = vm.pytest(["tests/netns", "-m", "ipvs", "-q", "-rs"], timeout=900)
+    result = vm.pytest(["tests/netns", "-m", "ipvs", "-q", "-rs"], timeout=1200)
     assert result.passed, result.report()
     assert result.junit is not None and result.junit.tests >= 15, result.report()
     skipped = [line for line in result.output.splitlines() if line.startswith("SKIPPED")]
