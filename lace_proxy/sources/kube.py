@@ -51,11 +51,17 @@ PROXY_SELECTOR = f"!{SERVICE_PROXY_NAME_LABEL},!{HEADLESS_LABEL}"
 
 @dataclass(frozen=True)
 class Timing:
-    """Timeouts and backoff; tests shrink them."""
+    """Timeouts and backoff; tests shrink them.
+
+    kube-apiserver sends nothing on a watch whose resource has not changed since the watch
+    began, not even a bookmark, until it ends the watch at timeoutSeconds. So the longest
+    watch (2 x watch_timeout) must end before read_timeout, or every quiet watch times out
+    and backs off as if the server had stalled.
+    """
 
     connect_timeout: float = 10.0
-    read_timeout: float = 90.0  # > the server's bookmark interval (about a minute)
-    watch_timeout: int = 300  # timeoutSeconds asked of the server; jittered up to 2x
+    read_timeout: float = 90.0  # > 2 x watch_timeout: a healthy watch always ends first
+    watch_timeout: int = 40  # timeoutSeconds asked of the server; jittered up to 2x
     backoff_initial: float = 0.8
     backoff_max: float = 30.0
     rediscover: float = 60.0  # how often an unserved custom resource is asked for again
