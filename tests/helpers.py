@@ -10,6 +10,18 @@ from typing import Any
 
 from lace_proxy.metrics import ProxyMetrics
 from lace_proxy.model import EndpointSlice, Node, Service, ServiceCIDR
+from lace_proxy.sources.kube import Timing
+
+#: The kube source's timing for the API emulator, whose bookmarks come every 0.2 s: short
+#: reads notice a stalled server fast.
+EMULATOR_TIMING = Timing(
+    connect_timeout=1.0,
+    read_timeout=1.5,
+    watch_timeout=30,
+    backoff_initial=0.05,
+    backoff_max=0.3,
+    rediscover=0.2,
+)
 
 
 class Recorder:
@@ -68,6 +80,16 @@ def api_service(name: str, port: int = 80, **labels: str) -> dict[str, Any]:
         "kind": "Service",
         "metadata": {"name": name, "namespace": "default", "labels": labels},
         "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": port}]},
+    }
+
+
+def api_service_cidr(*cidrs: str, name: str = "kubernetes") -> dict[str, Any]:
+    """A networking.k8s.io/v1 ServiceCIDR (the API server's own is named `kubernetes`)."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "ServiceCIDR",
+        "metadata": {"name": name},
+        "spec": {"cidrs": list(cidrs)},
     }
 
 

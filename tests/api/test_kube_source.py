@@ -10,17 +10,15 @@ import pytest
 import uvloop
 
 from lace_proxy.sandbox.apiserver import ApiServer
-from lace_proxy.sources.kube import PROXY_SELECTOR, SOURCE_NAME, KubeSource, Timing, api_client
+from lace_proxy.sources.kube import PROXY_SELECTOR, SOURCE_NAME, KubeSource, api_client
 
-from ..helpers import Recorder, api_service, api_slice, eventually
-
-FAST = Timing(
-    rediscover=0.2,
-    connect_timeout=1.0,
-    read_timeout=1.5,
-    watch_timeout=30,
-    backoff_initial=0.05,
-    backoff_max=0.3,
+from ..helpers import (
+    EMULATOR_TIMING,
+    Recorder,
+    api_service,
+    api_service_cidr,
+    api_slice,
+    eventually,
 )
 
 
@@ -48,7 +46,7 @@ class Running:
             api_client(kubeconfig=str(api.kubeconfig_path)),
             self.recorder,
             "node-a",
-            timing=FAST,
+            timing=EMULATOR_TIMING,
         )
 
     def take(self) -> list[tuple[str, str]]:
@@ -311,20 +309,13 @@ def test_lace_resources_are_watched_once_the_api_serves_them(api: ApiServer) -> 
 
 
 def test_service_cidrs_are_watched_and_a_bad_one_is_rejected(api: ApiServer) -> None:
-    def cidr(*cidrs: str) -> dict[str, Any]:
-        return {
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "ServiceCIDR",
-            "metadata": {"name": "kubernetes"},
-            "spec": {"cidrs": list(cidrs)},
-        }
 
     async def scenario(r: Running) -> None:
-        api.apply(cidr("10.96.0.0/16"))
+        api.apply(api_service_cidr("10.96.0.0/16"))
         await eventually(lambda: ("servicecidr+", "kubernetes") in r.recorder.events)
         assert r.recorder.objects["ServiceCIDR/kubernetes"].cidrs == ("10.96.0.0/16",)
         r.take()
-        api.apply(cidr("10.96.0.0/16", "fd00:96::/112"))
+        api.apply(api_service_cidr("10.96.0.0/16", "fd00:96::/112"))
         await eventually(
             lambda: (
                 r.recorder.objects["ServiceCIDR/kubernetes"].cidrs

@@ -33,7 +33,14 @@ from testkit.controlplane.faults import Cut, can_cut, compact_etcd, etcd_history
 
 from ..charts.conftest import NETWORKS_CHART, PROXY_CHART, render
 from ..charts.test_lace_networks_chart import VALUE_SETS
-from ..helpers import Recorder, api_service, api_slice, eventually
+from ..helpers import (
+    EMULATOR_TIMING,
+    Recorder,
+    api_service,
+    api_service_cidr,
+    api_slice,
+    eventually,
+)
 from ..lacekit import external, l3, routing, service_binding, service_routing
 from ..unit.test_crds import SCHEMA_GAPS, VALID, validator
 from ..unit.test_lace_model import ALL_ERRORS, mutated
@@ -45,15 +52,6 @@ REAL = Timing(
     connect_timeout=1.0,
     read_timeout=8.0,
     watch_timeout=3,
-    backoff_initial=0.05,
-    backoff_max=0.3,
-    rediscover=0.2,
-)
-#: test_kube_source.py's timing, made for the emulator's bookmarks every 0.2 s.
-EMULATOR_FAST = Timing(
-    connect_timeout=1.0,
-    read_timeout=1.5,
-    watch_timeout=30,
     backoff_initial=0.05,
     backoff_max=0.3,
     rediscover=0.2,
@@ -178,15 +176,6 @@ def node(name: str, zone: str = "a") -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "labels": {ZONE_LABEL: zone}},
-    }
-
-
-def service_cidr(name: str, *cidrs: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "ServiceCIDR",
-        "metadata": {"name": name},
-        "spec": {"cidrs": list(cidrs)},
     }
 
 
@@ -350,7 +339,7 @@ def test_list_then_watch_delivers_each_resources_changes_in_order(
     admin.create(endpoint_slice("web-1", ns, "web", "10.0.0.1"))
     admin.create(node(mine))
     admin.create(node(other))
-    admin.create(service_cidr(cidr, "10.201.0.0/24"))
+    admin.create(api_service_cidr("10.201.0.0/24", name=cidr))
 
     async def scenario(r: Running) -> None:
         await eventually(r.synced)
@@ -541,7 +530,7 @@ def test_the_emulators_timing_restarts_quiet_watches_on_the_real_server(
         }
         assert not any(ok is False for _, ok in r.contact)
 
-    run(control_plane.admin_kubeconfig, times_out, timing=EMULATOR_FAST)
+    run(control_plane.admin_kubeconfig, times_out, timing=EMULATOR_TIMING)
     run(control_plane.admin_kubeconfig, ends_normally, timing=quiet)
 
 
@@ -944,7 +933,7 @@ def test_the_charts_cluster_role_is_all_the_source_needs(
             assert reflector.resource_version, reflector.resource.name  # listed: served to us
         admin.create(endpoint_slice("web-1", ns, "web", "10.0.0.1"))
         admin.create(l3(net, "10.253.0.0/24"))
-        admin.create(service_cidr(cidr, "10.202.0.0/24"))
+        admin.create(api_service_cidr("10.202.0.0/24", name=cidr))
         await eventually(lambda: len(r.seen()) >= 5)
         assert sorted(r.take()) == [
             ("Network+", net),
@@ -984,7 +973,11 @@ def test_the_charts_service_account_is_refused_everything_else(
         "create a slice": ("POST", where("EndpointSlice", namespace=ns), slice_obj),
         "patch a node": ("PATCH", where("Node", "x"), {"metadata": {"labels": {}}}),
         "create a network": ("POST", where("Network"), l3(unique("pods"), "10.9.0.0/24")),
-        "create a service cidr": ("POST", where("ServiceCIDR"), service_cidr("x", "10.9.0.0/24")),
+        "create a service cidr": (
+            "POST",
+            where("ServiceCIDR"),
+            api_service_cidr("10.9.0.0/24", name="x"),
+        ),
         "bind a role": (
             "POST",
             "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",

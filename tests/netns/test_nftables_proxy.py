@@ -34,6 +34,7 @@ from lace_proxy.sandbox.testbed import (
 )
 
 from ..conftest import MODES
+from ..helpers import api_service_cidr
 from .proxykit import (
     EXT4,
     EXT6,
@@ -473,15 +474,6 @@ def test_udp_flows_follow_endpoint_changes(proxy: Harness) -> None:
         sock.close()
 
 
-def service_cidr(name: str, *cidrs: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "ServiceCIDR",
-        "metadata": {"name": name},
-        "spec": {"cidrs": list(cidrs)},
-    }
-
-
 def unallocated_outcomes(tb: Testbed, v6: bool) -> dict[str, str]:
     """What a new connection to an address of the service CIDR that no Service holds gets,
     from a pod, the node and a client outside."""
@@ -499,7 +491,7 @@ def test_unallocated_cluster_ips_are_dropped(proxy: Harness, v6: bool) -> None:
     # Without ServiceCIDR objects or lace.serviceCIDRs, lace-proxy knows no service CIDR: the
     # node routes such a packet out of its uplink, as any other (the gateway's sink answers).
     assert set(unallocated_outcomes(tb, v6).values()) == {"escaped"}
-    proxy.write("cidrs", service_cidr("kubernetes", SERVICE_CIDR4, SERVICE_CIDR6))
+    proxy.write("cidrs", api_service_cidr(SERVICE_CIDR4, SERVICE_CIDR6, name="kubernetes"))
     proxy.sync()
     assert unallocated_outcomes(tb, v6) == {
         "pod": "timeout",
@@ -528,7 +520,7 @@ def test_service_cidrs_fall_back_to_the_configuration(
         assert set(unallocated_outcomes(tb, v6).values()) == {"timeout"}
         # A ServiceCIDR object, once there, is what counts: lace.serviceCIDRs is the fallback.
         other = "fd00:97::/112" if v6 else "10.97.0.0/16"
-        proxy.write("cidrs", service_cidr("other", other))
+        proxy.write("cidrs", api_service_cidr(other, name="other"))
         proxy.sync()
         assert set(unallocated_outcomes(tb, v6).values()) == {"escaped"}
     finally:

@@ -16,6 +16,7 @@ import yaml
 from lace_proxy.cli import main
 from lace_proxy.explain import Query, QueryError, parse_query
 
+from ..helpers import api_service_cidr
 from ..lacekit import external, l3, net, routing, service_binding, service_routing
 
 NODE = "node-a"
@@ -256,15 +257,6 @@ def test_node_to_cluster_ip_needs_service_cidrs_then_peering(
     assert len(doc["backends"]) == 2
 
 
-def service_cidr(name: str, *cidrs: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "ServiceCIDR",
-        "metadata": {"name": name},
-        "spec": {"cidrs": list(cidrs)},
-    }
-
-
 def test_an_unallocated_cluster_ip_is_dropped_and_named(
     capsys: pytest.CaptureFixture[str], folder: Folder
 ) -> None:
@@ -282,14 +274,14 @@ def test_an_unallocated_cluster_ip_is_dropped_and_named(
     )
     assert "no Service holds this address" in doc["reason"]
     # A ServiceCIDR object, once there, decides (here: a range without the address).
-    folder.write("cidrs", service_cidr("kubernetes", "10.97.0.0/16", "fd00:97::/112"))
+    folder.write("cidrs", api_service_cidr("10.97.0.0/16", "fd00:97::/112", name="kubernetes"))
     code, doc = run(capsys, folder, "node", "10.96.0.99:80")
     assert doc["destination"]["kind"] == "none"
     code, doc = run(capsys, folder, "node", "10.97.3.4:80")
     assert (code, doc["verdict"]) == (1, "dropped")
     assert "10.97.0.0/16 (ServiceCIDR kubernetes)" in doc["destination"]["description"]
     # Allocated ClusterIPs are unchanged.
-    folder.write("cidrs", service_cidr("kubernetes", "10.96.0.0/16"))
+    folder.write("cidrs", api_service_cidr("10.96.0.0/16", name="kubernetes"))
     code, doc = run(capsys, folder, "10.251.3.3", f"{WEB_VIP}:80")
     assert (code, doc["verdict"]) == (0, "allowed")
 
@@ -297,7 +289,7 @@ def test_an_unallocated_cluster_ip_is_dropped_and_named(
 def test_a_service_cidr_with_a_bad_prefix_is_rejected_with_its_reason(
     capsys: pytest.CaptureFixture[str], folder: Folder
 ) -> None:
-    folder.write("cidrs", service_cidr("kubernetes", "10.96.0.1/16"))
+    folder.write("cidrs", api_service_cidr("10.96.0.1/16", name="kubernetes"))
     code, doc = run(capsys, folder, "10.251.3.3", "10.96.0.99:80")
     assert (code, doc["verdict"]) == (0, "passes")
     assert [r.split(": ", 1)[1] for r in doc["rejected"]] == [

@@ -13,7 +13,7 @@ import yaml
 from lace_proxy.model import Rejections
 from lace_proxy.sources.files import SOURCE_NAME, ManifestSource
 
-from ..helpers import Recorder, api_service, api_slice
+from ..helpers import Recorder, api_service, api_service_cidr, api_slice
 
 
 def put(folder: Path, name: str, *docs: dict[str, Any]) -> None:
@@ -123,15 +123,8 @@ def test_lace_resources_are_delivered_too(folder: Path) -> None:
 def test_service_cidrs_are_delivered_and_a_bad_one_keeps_the_last_good_version(
     folder: Path,
 ) -> None:
-    def cidr(*cidrs: str) -> dict[str, Any]:
-        return {
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "ServiceCIDR",
-            "metadata": {"name": "kubernetes"},
-            "spec": {"cidrs": list(cidrs)},
-        }
 
-    put(folder, "cidrs.yaml", cidr("10.96.0.0/16", "fd00:96::/112"))
+    put(folder, "cidrs.yaml", api_service_cidr("10.96.0.0/16", "fd00:96::/112"))
     rec = Recorder()
     refused: list[tuple[str, str]] = []
     rejections = Rejections(on_reject=lambda e: refused.append((e.kind, e.code)))
@@ -139,7 +132,7 @@ def test_service_cidrs_are_delivered_and_a_bad_one_keeps_the_last_good_version(
     source.poll()
     assert rec.take() == [("servicecidr+", "kubernetes")]
     assert rec.objects["ServiceCIDR/kubernetes"].cidrs == ("10.96.0.0/16", "fd00:96::/112")
-    put(folder, "cidrs.yaml", cidr("10.96.0.1/16"))  # host bits: the API refuses it too
+    put(folder, "cidrs.yaml", api_service_cidr("10.96.0.1/16"))  # host bits: the API refuses it too
     source.poll()
     assert rec.take() == []
     assert refused == [("ServiceCIDR", "invalid_cidr")]

@@ -37,7 +37,7 @@ from lace_proxy.model.service import (
     KUBE_ROUTER_SCHEDULER_ANNOTATION,
 )
 
-from ..helpers import assert_junk_is_rejected_cleanly
+from ..helpers import api_service_cidr, assert_junk_is_rejected_cleanly
 
 # --- realistic objects, as `kubectl get -o yaml` shows them -------------------------------------
 
@@ -1215,19 +1215,10 @@ def test_load_empty_folder_and_missing_path(tmp_path: Path) -> None:
 # --- ServiceCIDR ------------------------------------------------------------------------------
 
 
-def service_cidr(*cidrs: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "ServiceCIDR",
-        "metadata": {"name": "kubernetes"},
-        "spec": {"cidrs": list(cidrs)},
-    }
-
-
 def test_service_cidr_one_range_per_family() -> None:
-    parsed = parse_object(service_cidr("10.96.0.0/16", "fd00:96:0::/112"))
+    parsed = parse_object(api_service_cidr("10.96.0.0/16", "fd00:96:0::/112"))
     assert parsed == ServiceCIDR("kubernetes", ("10.96.0.0/16", "fd00:96::/112"))
-    assert parse_service_cidr(service_cidr("fd00:96::/112")).cidrs == ("fd00:96::/112",)
+    assert parse_service_cidr(api_service_cidr("fd00:96::/112")).cidrs == ("fd00:96::/112",)
 
 
 @pytest.mark.parametrize(
@@ -1246,7 +1237,7 @@ def test_service_cidr_one_range_per_family() -> None:
 def test_service_cidr_with_a_bad_prefix_is_rejected(
     cidrs: tuple[Any, ...], field: str, code: str
 ) -> None:
-    error = rejected(parse_service_cidr, service_cidr(*cidrs))
+    error = rejected(parse_service_cidr, api_service_cidr(*cidrs))
     assert (error.kind, error.object, error.field, error.code) == (
         "ServiceCIDR",
         "kubernetes",
@@ -1256,4 +1247,4 @@ def test_service_cidr_with_a_bad_prefix_is_rejected(
 
 
 def test_service_cidr_junk_is_rejected_cleanly() -> None:
-    assert_junk_is_rejected_cleanly(service_cidr("10.96.0.0/16", "fd00:96::/112"))
+    assert_junk_is_rejected_cleanly(api_service_cidr("10.96.0.0/16", "fd00:96::/112"))
