@@ -10,7 +10,9 @@ masquerade marks and hairpin, and a filter that keeps other ports of service add
 from the node's own sockets.
 
 Sync is a diff against what IPVS holds (a dump), never a flush, so a restart adopts the
-previous process's services and established connections carry on. A real server that
+previous process's services and established connections carry on. A new address goes
+onto the dummy interface only once IPVS holds its virtual services with their real servers
+(`_add_to_dummy`), so a frontend is never the node's own without them. A real server that
 leaves is first set to weight 0 (no new connections) and deleted once its connections have
 drained, or after `grace_period`. Ownership: virtual services on the dummy interface's
 addresses, and on node addresses within the NodePort range; nothing else is touched.
@@ -327,13 +329,13 @@ class IpvsBackend:
             index = _dummy(ipr, self.settings.interface)
             self._node_addresses = self._local_addresses(ipr, index)
             held = _held_addresses(ipr, index)
-            count = _add_addresses(ipr, index, set(refs) - held)
         self._address_refs = refs
         wanted = Wanted(self._node_addresses, self.settings.scheduler)
         for plan in plans:
             wanted.add(plan)
         desired = wanted.desired()
         now = self._clock()
+        count = 0
         with IPVS() as ipvs:
             held_services = {}
             ours = set(refs) | held  # also the addresses of services deleted meanwhile
@@ -347,7 +349,10 @@ class IpvsBackend:
                         self._terminating.setdefault(vs, {}).setdefault(
                             server, now + self.settings.grace_period
                         )
-            count += self._converge(ipvs, held_services, desired)
+            try:
+                count += self._converge(ipvs, held_services, desired)
+            finally:
+                count += self._add_to_dummy(set(refs) - held)
         self._programmed, self._wanted = desired, wanted
         with IPRoute() as ipr:  # after IPVS: the addresses say which services are ours
             count += _del_addresses(ipr, index, held - set(refs))
@@ -368,13 +373,12 @@ class IpvsBackend:
         appear = {a for a, d in delta.items() if d > 0 and refs[a] == 0}
         vanish = {a for a, d in delta.items() if d < 0 and refs[a] + d <= 0}
         count = 0
-        if appear:
-            with IPRoute() as ipr:
-                index = _dummy(ipr, self.settings.interface)
-                count += _add_addresses(ipr, index, appear)  # before IPVS needs them
         held = {vs: self._programmed[vs] for vs in touched if vs in self._programmed}
         with IPVS() as ipvs:
-            count += self._converge(ipvs, held, after, only=touched)
+            try:
+                count += self._converge(ipvs, held, after, only=touched)
+            finally:
+                count += self._add_to_dummy(appear)
         for vs in touched - set(after):
             self._programmed.pop(vs, None)
         self._programmed.update(after)
@@ -387,6 +391,19 @@ class IpvsBackend:
                 index = _dummy(ipr, self.settings.interface)
                 count += _del_addresses(ipr, index, vanish)
         return count
+
+    def _add_to_dummy(self, addresses: set[str]) -> int:
+        """Put new service addresses on the dummy interface; called once IPVS holds their
+        virtual services with every real server (also when the kernel refused some other
+        operation). An address makes its frontends the node's own at once: added first, a
+        new connection reached the node's own sockets on that port (or was reset), then a
+        virtual service with no real server yet (IPVS refused it). Until it is added, a new
+        address is routed as a foreign one (nftables refuses connections to a ClusterIP that
+        is not local: cluster-ips-check)."""
+        if not addresses:
+            return 0
+        with IPRoute() as ipr:
+            return _add_addresses(ipr, _dummy(ipr, self.settings.interface), addresses)
 
     def _converge(
         self,
