@@ -227,6 +227,35 @@ def test_a_refused_real_server_stops_no_other_service(proxy: Harness, tb: Testbe
     assert "TCP [fd00:96::13]:80" in ipvsadm(tb)
 
 
+def test_an_address_goes_on_only_once_its_virtual_service_has_every_real_server(
+    proxy: Harness, tb: Testbed
+) -> None:
+    """A service address makes its frontends the node's own. Put on first, a new connection
+    reached the node's own server, then a virtual service without real servers (IPVS refused
+    it). Here the kernel refuses the IPv6 addresses (IPv6 disabled on lace-ipvs0): that
+    sync fails right there, and IPVS holds every real server already, in a full sync and
+    in an incremental one; the address that is not on yet is refused, not the node's."""
+    dummy = "lace-ipvs0"
+    ipv6 = f"net.ipv6.conf.{dummy}.disable_ipv6"
+    tb.exec(tb.node, ["ip", "link", "add", dummy, "type", "dummy"])
+    pods6 = {(f"[fd00:251::{n}]:8080", 1) for n in (11, 12, 13)}
+    late = [service("late", ["fd00:96::16"]), endpoints("late", tb.pods, v6=True)]
+    # The first sync is a full one; `late` comes in an incremental one.
+    for name, vip6, objs in (("web", VIP6, web(tb)), ("late", "fd00:96::16", late)):
+        tb.exec(tb.node, ["sysctl", "-qw", f"{ipv6}=1"])  # also removes its IPv6 addresses
+        proxy.write(name, *objs)
+        proxy.source._signature = None
+        proxy.source.poll()
+        assert not asyncio.run(proxy.proxier.sync())
+        assert "Permission denied" in (proxy.proxier.stats.last_error or ""), name
+        assert ipvsadm(tb)[f"TCP [{vip6}]:80"] == ("rr", pods6), name
+        assert request_tcp(tb.client, vip6, 80).outcome == "refused", name
+        assert set(names(many(tb.client, VIP4, 80, n=9))) == {"pod1", "pod2", "pod3"}, name
+        tb.exec(tb.node, ["sysctl", "-qw", f"{ipv6}=0"])
+        proxy.sync()  # a full sync after the failure: the addresses go on
+        assert set(names(many(tb.client, vip6, 80, n=9))) == {"pod1", "pod2", "pod3"}, name
+
+
 def test_other_ports_of_external_addresses_never_reach_the_node(
     proxy: Harness, tb: Testbed
 ) -> None:
