@@ -48,6 +48,7 @@ from lace_proxy.model import (
 )
 from lace_proxy.networks.graph import Condition, NetworkGraph, NetworkLayout
 from lace_proxy.networks.view import Binding
+from lace_proxy.prefixes import covered
 from lace_proxy.table import CLUSTER_IP, LOAD_BALANCER, NODE_PORT, Access
 from lace_proxy.table.changeset import backend_state
 
@@ -329,11 +330,6 @@ def _net(cidr: str) -> IPNetwork:
     return ipaddress.ip_network(cidr, strict=False)
 
 
-def _covered(address: str, cidrs: Iterable[str]) -> bool:
-    ip = ipaddress.ip_address(address)
-    return any(ip.version == n.version and ip in n for n in map(_net, cidrs))
-
-
 def _describe_source(graph: NetworkGraph, q: Query) -> tuple[str | None, str]:
     """The source's network (the graph's classification) and why, in words."""
     if not graph.enabled:
@@ -423,7 +419,7 @@ def _node_port_addresses(state: State) -> set[str]:
         a
         for a in addresses
         if not ipaddress.ip_address(a).is_loopback
-        and (not s.node_port_cidrs or _covered(a, s.node_port_cidrs))
+        and (not s.node_port_cidrs or covered(a, s.node_port_cidrs))
     }
 
 
@@ -437,14 +433,14 @@ def _unallocated(state: State, address: str) -> str | None:
     `clusterip-ranges` sets: ServiceCIDR objects, else lace.serviceCIDRs)."""
     layout = _layout(state)
     cidr = next(
-        (c for c in clusterip_ranges(layout, state.settings) if _covered(address, [c])), None
+        (c for c in clusterip_ranges(layout, state.settings) if covered(address, [c])), None
     )
     if cidr is None:
         return None
     if not layout.service_cidrs:
         return f"{cidr} (lace.serviceCIDRs; the cluster has no ServiceCIDR objects)"
     owners = sorted(
-        name for name, obj in state.proxier.service_cidrs.items() if _covered(address, obj.cidrs)
+        name for name, obj in state.proxier.service_cidrs.items() if covered(address, obj.cidrs)
     )
     return f"{cidr} (ServiceCIDR {', '.join(owners)})"
 
@@ -455,7 +451,7 @@ def _host_unpeered(state: State, layout: NetworkLayout, address: str) -> tuple[s
     network = state.proxier.networks.graph.classify(address)
     pod_networks = {n for _, n in layout.pod_prefixes}
     if network in pod_networks and network not in layout.host_peers:
-        return network, _covered(address, layout.local_pod_cidrs)
+        return network, covered(address, layout.local_pod_cidrs)
     return None, False
 
 
@@ -543,7 +539,7 @@ def _explain_frontend(
 
     # The node's own traffic: the output chains (unproxied, host-access) in their order.
     if q.from_node and graph.enabled:
-        if f.kind == CLUSTER_IP and not _covered(q.destination, state.settings.service_cidrs):
+        if f.kind == CLUSTER_IP and not covered(q.destination, state.settings.service_cidrs):
             expects = [
                 Expect(
                     (f"cluster-ips-{v}",), q.destination, True, "the ClusterIPs", programmed=True
@@ -583,12 +579,12 @@ def _explain_frontend(
     ranges = plan.lb_source_ranges
     if f.kind == LOAD_BALANCER and ranges and not _allows_all(ranges):
         listed = ", ".join(ranges)
-        if not q.from_node and not _covered(q.source, ranges):
+        if not q.from_node and not covered(q.source, ranges):
             reason = f"{q.source} is not in loadBalancerSourceRanges ({listed})"
             return _done(e, DROPPED, reason, expects, backends=(), allowed_by=allowed_by)
         # The node's connection leaves from its address, or (a VIP-style load balancer put
         # the IP on the node) from the IP itself, which the ranges let in with the node.
-        if q.from_node and not any(_covered(a, ranges) for a in state.node.internal_ips):
+        if q.from_node and not any(covered(a, ranges) for a in state.node.internal_ips):
             reason = (
                 f"loadBalancerSourceRanges ({listed}) cover no InternalIP of this node: its "
                 "own connection is dropped"
@@ -599,7 +595,7 @@ def _explain_frontend(
     # node itself to every endpoint.
     verdict, backends = f.verdict, f.backends
     if f.kind != CLUSTER_IP and plan.external_local:
-        inside = q.from_node or _covered(q.source, state.settings.cluster_cidrs)
+        inside = q.from_node or covered(q.source, state.settings.cluster_cidrs)
         if inside and plan.cluster_backends:
             verdict, backends = None, plan.cluster_backends
     if verdict is None and backends:
@@ -679,7 +675,7 @@ def _explain_address(state: State, e: Explanation) -> Explanation:
         if (
             q.from_node
             and graph.enabled
-            and not _covered(q.destination, state.settings.service_cidrs)
+            and not covered(q.destination, state.settings.service_cidrs)
         ):
             return _done(e, UNPROXIED, _unproxied(state, q), [], backends=())
         expects = [

@@ -1,6 +1,8 @@
 """Longest-prefix match flattened into disjoint address ranges, as nftables interval maps
 need them (they refuse overlapping elements).
 
+`covered` is the plain membership test both the renderer and `explain` ask.
+
 Every prefix's bounds split the address space into pieces no prefix boundary crosses, so one
 lookup per piece answers for all of it; neighbouring pieces with the same answer merge. Used
 for the network model's source classification and for the egress SNAT map.
@@ -37,3 +39,10 @@ def disjoint_ranges(
         else:
             pieces.append([start, end - 1, value])
     return [(str(make(a)), str(make(b)), v) for a, b, v in pieces]
+
+
+def covered(address: str, cidrs: Iterable[str]) -> bool:
+    """Whether `address` lies in one of `cidrs` (of its own family)."""
+    ip = ipaddress.ip_address(address)
+    nets = (ipaddress.ip_network(c, strict=False) for c in cidrs)
+    return any(n.version == ip.version and ip in n for n in nets)

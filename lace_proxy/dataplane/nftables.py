@@ -50,6 +50,7 @@ from lace_proxy.dataplane.conntrack import (
 )
 from lace_proxy.dataplane.nft import Nft, TableListing, Transaction
 from lace_proxy.networks.graph import NetworkLayout
+from lace_proxy.prefixes import covered
 from lace_proxy.table import Changeset
 
 log = logging.getLogger(__name__)
@@ -257,7 +258,7 @@ class Renderer:
         if plan.lb_ips and plan.lb_source_ranges and not _allows_all(plan.lb_source_ranges):
             key = f"{plan.protocol.lower()} . {plan.port}"
             sources = plan.lb_source_ranges
-            if any(_covers(sources, a) for a in self.node_addresses):
+            if any(covered(a, sources) for a in self.node_addresses):
                 # The ranges let the node in. A VIP-style load balancer puts its IP on the
                 # node, whose own connection to it then has the LB IP as its source (as
                 # kube-proxy's allowFromNode).
@@ -1344,12 +1345,6 @@ def clusterip_ranges(layout: NetworkLayout, settings: NftablesSettings) -> list[
     """Where ClusterIPs are allocated: the ServiceCIDR objects' ranges, or where the cluster
     has none (or the API serves none), lace.serviceCIDRs; without overlaps."""
     return _collapsed(layout.service_cidrs or settings.service_cidrs)
-
-
-def _covers(cidrs: Iterable[str], address: str) -> bool:
-    ip = ipaddress.ip_address(address)
-    nets = (ipaddress.ip_network(c, strict=False) for c in cidrs)
-    return any(n.version == ip.version and ip in n for n in nets)
 
 
 def _allows_all(ranges: tuple[str, ...]) -> bool:
