@@ -107,7 +107,6 @@ def measure(mode: str, args: argparse.Namespace) -> dict[str, Any]:
             k: {
                 "total": v.total,
                 "failed": len(v.failed),
-                "in_flight": len(v.in_flight),
                 "examples": v.failed[:5],
             }
             for k, v in verdicts.items()
@@ -146,7 +145,7 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
         f"{args.endpoints * args.rounds * 4} syncs per mode; "
         f"requested {args.tcp_rate:g} TCP connections/s, a UDP query every 10 ms"
     )
-    print(f"{'mode':9} {'traffic':28} {'failed / total':>16} {'rate/s':>8}  in flight at a move")
+    print(f"{'mode':9} {'traffic':28} {'failed / total':>16} {'rate/s':>8}")
     for r in results:
         v = r["verdicts"]
         rows = [
@@ -158,8 +157,7 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
         for label, verdict, rate in rows:
             figures = f"{verdict['failed']} / {verdict['total']}"
             shown = "" if rate is None else f"{rate:.0f}"
-            moved = str(verdict["in_flight"]) if label.startswith("UDP stream") else ""
-            print(f"{r['mode']:9} {label:28} {figures:>16} {shown:>8}  {moved}")
+            print(f"{r['mode']:9} {label:28} {figures:>16} {shown:>8}")
         print(
             f"{'':9} {r['syncs']} syncs: median {r['sync_median_ms']:.0f} ms, "
             f"max {r['sync_max_ms']:.0f} ms; {r['seconds']:.0f} s of load; "

@@ -99,13 +99,13 @@ def nftables_settings(cfg: ProxyConfig) -> NftablesSettings:
     )
 
 
-def dataplane(cfg: ProxyConfig) -> NftablesBackend | IpvsBackend:
+def dataplane(
+    cfg: ProxyConfig, metrics: ProxyMetrics | None = None
+) -> NftablesBackend | IpvsBackend:
     """The backend for the configured mode (IPVS mode keeps nftables, without translation)."""
-    settings = nftables_settings(cfg)
-    if cfg.mode != "ipvs":
-        return NftablesBackend(settings, Nft(), Conntrack())
-    nft = NftablesBackend(settings, Nft(), Conntrack())
-    return IpvsBackend(ipvs_settings(cfg), nft)
+    moved = None if metrics is None else metrics.record_udp_flows_moved
+    nft = NftablesBackend(nftables_settings(cfg), Nft(), Conntrack(), udp_flows_moved=moved)
+    return nft if cfg.mode != "ipvs" else IpvsBackend(ipvs_settings(cfg), nft)
 
 
 def ipvs_settings(cfg: ProxyConfig) -> IpvsSettings:
@@ -167,8 +167,8 @@ def _manifests(cfg: ProxyConfig) -> Path:
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     table = ServiceTable(cfg.hostname_override)
-    backend = dataplane(cfg)
     metrics = ProxyMetrics(mode=cfg.mode)
+    backend = dataplane(cfg, metrics)
     rejections = Rejections(on_reject=lambda e: metrics.record_rejection(e.kind, e.code))
     health = ProxierHealth(cfg.sync_period, metrics)
     service_health = ServiceHealthServers(health, metrics)

@@ -233,6 +233,16 @@ class ProxyMetrics:
         )
         for result in ("ok", "error"):
             self._egress_syncs.labels(result)
+        self._udp_flows_moved = Counter(
+            "lace_proxy_udp_flows_moved",
+            "UDP flows moved off an endpoint that stopped serving (conntrack entries deleted),"
+            " by whether replies still in flight were rescued (unrescued: the kernel refused"
+            " the rescue, or more than 10,000 flows moved in one sync)",
+            ["result"],
+            registry=r,
+        )
+        for result in ("rescued", "unrescued"):
+            self._udp_flows_moved.labels(result)
         Gauge(
             "lace_proxy_build_info",
             "lace-proxy's version and service table build (compiled or pure); always 1",
@@ -350,6 +360,11 @@ class ProxyMetrics:
         self._egress_syncs.labels("ok" if ok else "error").inc()
         if ok:
             self._egress_ranges.set(ranges)
+
+    def record_udp_flows_moved(self, rescued: int, unrescued: int) -> None:
+        """A sync moved UDP flows off endpoints, rescuing the replies in flight of `rescued`."""
+        self._udp_flows_moved.labels("rescued").inc(rescued)
+        self._udp_flows_moved.labels("unrescued").inc(unrescued)
 
     def record_healthz(self, code: int) -> None:
         self._healthz.labels(str(code)).inc()

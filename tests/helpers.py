@@ -169,3 +169,4 @@ def exercise_metrics(m: ProxyMetrics) -> None:
     m.record_healthz(200)
     m.record_livez(503)
     m.record_healthcheck_bind_failure()
+    m.record_udp_flows_moved(3, 1)

@@ -5,18 +5,21 @@ that long: a client that keeps sending would keep reaching a removed endpoint, a
 was rejected while a service had no endpoints would keep bypassing the new ones. After a
 sync, the entries of UDP endpoints that stopped serving (removed, or `serving: false`), and
 of UDP services that just got endpoints, are deleted (`conntrack -D`, conntrack-tools; argv
-only, addresses already validated). As kube-proxy's reconciler, an endpoint that is still
-serving keeps its flows whatever the traffic policies, topology or terminating state say
-(a plan's standby backends): a terminating pod keeps a UDP flow, as it keeps a TCP
-connection, until it is removed.
+only, addresses already validated); those leaving an endpoint are listed first, so that a
+reply still in flight reaches its client (rescue.py). As kube-proxy's reconciler, an
+endpoint that is still serving keeps its flows whatever the traffic policies, topology or
+terminating state say (a plan's standby backends): a terminating pod keeps a UDP flow, as
+it keeps a TCP connection, until it is removed.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
+import re
 import subprocess
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from lace_proxy.dataplane.nft import netns_prefix
@@ -25,6 +28,60 @@ from lace_proxy.table import Changeset
 log = logging.getLogger(__name__)
 
 Filter = tuple[str, ...]  # conntrack -D arguments after "-p udp"
+
+
+@dataclass
+class StaleFlows:
+    """The conntrack deletions a sync calls for: flows translated to an endpoint that stopped
+    serving (`moved`: listed first, for rescue.py), and flows to a frontend that has just
+    become served which were never translated (`untranslated`: rejected while it had no
+    endpoints; their reply tuple is the frontend itself). A flow another proxy translated
+    before a switch-over keeps its endpoint, as kube-proxy's reconciler keeps it."""
+
+    moved: list[Filter] = field(default_factory=list)
+    untranslated: list[Filter] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.moved or self.untranslated)
+
+
+@dataclass(frozen=True)
+class UdpFlow:
+    """A UDP conntrack entry's tuples, as `conntrack -L` prints them (addresses validated)."""
+
+    family: int
+    client: str
+    client_port: int
+    frontend: str
+    frontend_port: int
+    pod: str
+    pod_port: int
+    reply_dst: str
+    reply_dst_port: int
+
+
+#: A tuple field of `conntrack -L` output, and the order a tuple prints them in.
+_FIELD = re.compile(r"\b(src|dst|sport|dport)=(\S+)")
+_TUPLE = ("src", "dst", "sport", "dport")
+#: The flags of a filter that name the frontend, not the endpoint.
+_FRONTEND = ("--orig-dst", "--orig-port-dst")
+
+
+def parse_flows(text: str) -> list[UdpFlow]:
+    """The UDP entries of `conntrack -L -p udp` output: original tuple, then reply tuple."""
+    flows = []
+    for line in text.splitlines():
+        fields = _FIELD.findall(line)
+        if not line.startswith("udp") or [k for k, _ in fields[:8]] != [*_TUPLE, *_TUPLE]:
+            continue
+        v = [value for _, value in fields[:8]]
+        for i in (0, 1, 4, 5):
+            v[i] = ipaddress.ip_address(v[i]).compressed
+        family = 6 if ":" in v[0] else 4
+        flows.append(
+            UdpFlow(family, v[0], int(v[2]), v[1], int(v[3]), v[4], int(v[6]), v[5], int(v[7]))
+        )
+    return flows
 
 
 def _endpoints(plan: Any | None) -> set[tuple[str, int]]:
@@ -39,8 +96,9 @@ def _served(plan: Any | None) -> bool:
     return plan is not None and plan.internal_verdict != "reject"
 
 
-def stale_udp_filters(changes: Changeset) -> Iterator[Filter]:
+def stale_udp_filters(changes: Changeset) -> StaleFlows:
     """The conntrack deletions a changeset calls for (UDP service ports only)."""
+    out = StaleFlows()
     pairs: Iterable[tuple[Any | None, Any | None]] = (
         *((old, None) for old in changes.removed),
         *((None, new) for new in changes.added),
@@ -53,34 +111,30 @@ def stale_udp_filters(changes: Changeset) -> Iterator[Filter]:
         family = ("-f", "ipv6") if plan.family == 6 else ()
         addresses = _addresses(plan)
         for ip, port in sorted(_endpoints(old) - _endpoints(new)):
+            reply = ("--reply-src", ip, "--reply-port-src", str(port))
             for address in addresses:
-                yield (
-                    *family,
-                    "--orig-dst",
-                    address,
-                    "--orig-port-dst",
-                    str(plan.port),
-                    "--reply-src",
-                    ip,
-                    "--reply-port-src",
-                    str(port),
+                out.moved.append(
+                    (*family, "--orig-dst", address, "--orig-port-dst", str(plan.port), *reply)
                 )
             if plan.node_port:
-                yield (
-                    *family,
-                    "--orig-port-dst",
-                    str(plan.node_port),
-                    "--reply-src",
-                    ip,
-                    "--reply-port-src",
-                    str(port),
-                )
+                out.moved.append((*family, "--orig-port-dst", str(plan.node_port), *reply))
         if new is not None and _served(new) and not _served(old):
-            # Flows rejected while there were no endpoints would never be translated.
-            for address in addresses:
-                yield (*family, "--orig-dst", address, "--orig-port-dst", str(plan.port))
-            if plan.node_port:
-                yield (*family, "--orig-port-dst", str(plan.node_port))
+            out.untranslated += _untranslated(family, addresses, plan.port, plan.node_port)
+    return out
+
+
+def _untranslated(
+    family: Filter, addresses: Iterable[str], port: int | str, node_port: int | str | None
+) -> list[Filter]:
+    """Flows to these frontends that were never translated: the reply comes from the address
+    (or NodePort) the client sent to."""
+    out = [
+        (*family, "--orig-dst", a, "--orig-port-dst", str(port), "--reply-src", a)
+        for a in addresses
+    ]
+    if node_port:
+        out.append((*family, "--orig-port-dst", str(node_port), "--reply-port-src", str(node_port)))
+    return out
 
 
 #: Endpoint maps of the nftables table, by the frontend kind their keys start with.
@@ -94,12 +148,13 @@ _ENDPOINT_MAPS = {
 
 def stale_udp_filters_by_elements(
     diff: Mapping[str, tuple[set[str], set[str]]], plans: Iterable[Any] = ()
-) -> Iterator[Filter]:
+) -> StaleFlows:
     """The conntrack deletions a full sync's element diff calls for, when what was
     programmed before is known from the kernel (after a restart) rather than a changeset:
     UDP flows translated to an endpoint a frontend no longer has (unless the endpoint is on
-    standby in `plans`: still serving), and flows to a frontend that has just become served
-    (they were left untranslated)."""
+    standby in `plans`: still serving), and untranslated flows to a frontend that has just
+    become served."""
+    out = StaleFlows()
     standby = _standby_pairs(plans)
     for fam in (4, 6):
         family = ("-f", "ipv6") if fam == 6 else ()
@@ -112,9 +167,11 @@ def stale_udp_filters_by_elements(
                 ip, _, port = endpoint.partition(" . ")
                 reply = ("--reply-src", ip, "--reply-port-src", port)
                 if kind == "nodeport":
-                    yield (*family, "--orig-port-dst", parts[1], *reply)
+                    out.moved.append((*family, "--orig-port-dst", parts[1], *reply))
                 else:
-                    yield (*family, "--orig-dst", parts[0], "--orig-port-dst", parts[2], *reply)
+                    out.moved.append(
+                        (*family, "--orig-dst", parts[0], "--orig-port-dst", parts[2], *reply)
+                    )
         for container, kind in (("service-ips", "address"), ("service-nodeports", "nodeport")):
             gone, new = diff.get(f"{container}-v{fam}", (set(), set()))
             before = {e.partition(" : ")[0] for e in gone}
@@ -123,9 +180,10 @@ def stale_udp_filters_by_elements(
                 if "udp" not in parts:
                     continue
                 if kind == "nodeport":
-                    yield (*family, "--orig-port-dst", parts[1])
+                    out.untranslated += _untranslated(family, (), 0, parts[1])
                 else:
-                    yield (*family, "--orig-dst", parts[0], "--orig-port-dst", parts[2])
+                    out.untranslated += _untranslated(family, (parts[0],), parts[2], None)
+    return out
 
 
 def _standby_pairs(plans: Iterable[Any]) -> set[tuple[str, str]]:
@@ -157,28 +215,55 @@ def _pairs(elements: Iterable[str]) -> set[tuple[str, str]]:
 
 
 class Conntrack:
-    """Deletes conntrack entries, in this network namespace or a named one."""
+    """Lists and deletes UDP conntrack entries, in this network namespace or a named one."""
 
     def __init__(self, netns: str | None = None, binary: str = "conntrack") -> None:
         self._prefix = netns_prefix(netns)
         self._binary = binary
+
+    def list_udp(self, filters: Iterable[Filter]) -> list[UdpFlow]:
+        """The entries these filters of moved flows select: one listing per endpoint
+        (`--reply-src`), narrowed to the filters' frontends. A failure is logged and lists
+        nothing."""
+        frontends: dict[Filter, set[tuple[str | None, int]]] = {}
+        for args in filters:
+            flags = dict(zip(args[::2], args[1::2], strict=True))
+            endpoint = tuple(a for k, v in flags.items() if k not in _FRONTEND for a in (k, v))
+            address = flags.get("--orig-dst")
+            frontend = None if address is None else ipaddress.ip_address(address).compressed
+            frontends.setdefault(endpoint, set()).add((frontend, int(flags["--orig-port-dst"])))
+        flows = []
+        for endpoint, wanted in frontends.items():
+            proc = self._run("-L", endpoint)
+            if proc.returncode != 0:
+                log.warning("conntrack -L %s failed: %s", " ".join(endpoint), proc.stderr.strip())
+                continue
+            flows.extend(
+                f
+                for f in parse_flows(proc.stdout)
+                if {(f.frontend, f.frontend_port), (None, f.frontend_port)} & wanted
+            )
+        return flows
 
     def delete_udp(self, filters: Iterable[Filter]) -> int:
         """Run each deletion; returns how many ran. Failures are logged, never raised:
         a leftover entry only delays convergence until it idles out."""
         count = 0
         for args in filters:
-            for value in args[1::2]:  # every flag's value: addresses and ports only
-                if not value.isdigit() and value != "ipv6":
-                    ipaddress.ip_address(value)
-            proc = subprocess.run(
-                [*self._prefix, self._binary, "-D", "-p", "udp", *args],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
+            proc = self._run("-D", args)
             # Exit 1 with "0 flow entries" means there was nothing to delete.
             if proc.returncode not in (0, 1):
                 log.warning("conntrack -D %s failed: %s", " ".join(args), proc.stderr.strip())
             count += 1
         return count
+
+    def _run(self, action: str, args: Filter) -> subprocess.CompletedProcess[str]:
+        for value in args[1::2]:  # every flag's value: addresses and ports only
+            if not value.isdigit() and value != "ipv6":
+                ipaddress.ip_address(value)
+        return subprocess.run(
+            [*self._prefix, self._binary, action, "-p", "udp", *args],
+            capture_output=True,
+            text=True,
+            check=False,
+        )

@@ -39,6 +39,7 @@ from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST, genlmsg
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.generic import ipvs as genl_ipvs
 
+from lace_proxy.dataplane.conntrack import Filter
 from lace_proxy.dataplane.nft import enter_netns
 from lace_proxy.dataplane.nftables import NO_NETWORKS, NftablesBackend
 from lace_proxy.networks.graph import NetworkLayout
@@ -417,11 +418,13 @@ class IpvsBackend:
         count = 0
         now = self._clock()
         failed: list[str] = []
+        udp_gone: list[tuple[VirtualServer, tuple[str, int]]] = []
         for vs, want in desired.items():
             try:
-                count += self._converge_one(ipvs, vs, held.get(vs), want, now)
+                count += self._converge_one(ipvs, vs, held.get(vs), want, now, udp_gone)
             except RuntimeError as exc:  # one service the kernel refuses stops no other
                 failed.append(str(exc))
+        count += self._remove_udp(ipvs, udp_gone, failed)
         for vs, have in held.items():
             if vs in desired or (only is not None and vs not in only):
                 continue
@@ -446,9 +449,39 @@ class IpvsBackend:
             raise RuntimeError(f"{len(failed)} IPVS operations failed: {'; '.join(failed[:3])}")
         return count
 
-    def _converge_one(
-        self, ipvs: Any, vs: VirtualServer, have: Target | None, want: Target, now: float
+    def _remove_udp(
+        self, ipvs: Any, gone: list[tuple[VirtualServer, tuple[str, int]]], failed: list[str]
     ) -> int:
+        """Delete UDP real servers at once (no graceful termination for UDP, as kube-proxy):
+        expire_nodest_conn moves a flow's next packet to another server. Around it: the
+        replies already on their way are rescued first (nftables translates them, since
+        IPVS no longer does), and the flows' conntrack entries go right after, or IPVS would
+        drop the next packet of each flow that still holds one (ip_vs_in: "old conntrack")."""
+        if not gone:
+            return 0
+        flows = [_flows_to(vs, server) for vs, server in gone]
+        self.nft.rescue_udp_replies(flows)
+        count = 0
+        for vs, server in gone:
+            try:
+                _call(ipvs.dest, "del", service=_key(vs), dest=_dest(server, 0))
+                count += 1
+            except RuntimeError as exc:
+                failed.append(str(exc))
+        if self.nft.conntrack is not None:
+            self.nft.conntrack.delete_udp(flows)
+        return count
+
+    def _converge_one(
+        self,
+        ipvs: Any,
+        vs: VirtualServer,
+        have: Target | None,
+        want: Target,
+        now: float,
+        udp_gone: list[tuple[VirtualServer, tuple[str, int]]],
+    ) -> int:
+        """One virtual service to `want`; its UDP real servers to delete go to `udp_gone`."""
         count = 0
         service = _service(vs, want)
         if have is None:
@@ -468,13 +501,11 @@ class IpvsBackend:
             count += 1
         for server in sorted(have.servers - want.servers):
             if vs.protocol == "UDP":
-                # No graceful termination for UDP (as kube-proxy): gone at once, and
-                # expire_nodest_conn moves a flow's next packet to another server.
-                _call(ipvs.dest, "del", service=service, dest=_dest(server, 0))
-            else:
-                # No new connections; deleted once drained (below, or at a later sync).
-                _call(ipvs.dest, "set", service=service, dest=_dest(server, 0))
-                self._terminating.setdefault(vs, {})[server] = now + self.settings.grace_period
+                udp_gone.append((vs, server))  # deleted at once: _remove_udp
+                continue
+            # No new connections; deleted once drained (below, or at a later sync).
+            _call(ipvs.dest, "set", service=service, dest=_dest(server, 0))
+            self._terminating.setdefault(vs, {})[server] = now + self.settings.grace_period
             count += 1
         if vs in self._terminating and not self._terminating[vs]:
             del self._terminating[vs]
@@ -617,6 +648,23 @@ def _service(vs: VirtualServer, target: Target) -> Any:
     if _family(vs.address) == 6:
         fields["netmask"] = "128.0.0.0"  # the prefix length 128, as a host-order u32
     return IPVSService(**fields)
+
+
+def _flows_to(vs: VirtualServer, server: tuple[str, int]) -> Filter:
+    """The conntrack filter of a virtual service's flows to one real server (IPVS mode keeps
+    conntrack entries, their reply tuple the real server's: net.ipv4.vs.conntrack)."""
+    family = ("-f", "ipv6") if ":" in vs.address else ()
+    return (
+        *family,
+        "--orig-dst",
+        vs.address,
+        "--orig-port-dst",
+        str(vs.port),
+        "--reply-src",
+        server[0],
+        "--reply-port-src",
+        str(server[1]),
+    )
 
 
 def _dest(server: tuple[str, int], weight: int) -> Any:

@@ -39,16 +39,19 @@ import ipaddress
 import logging
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lace_proxy.dataplane import rescue
 from lace_proxy.dataplane.conntrack import (
     Conntrack,
+    Filter,
+    StaleFlows,
     stale_udp_filters,
     stale_udp_filters_by_elements,
 )
-from lace_proxy.dataplane.nft import Nft, TableListing, Transaction
+from lace_proxy.dataplane.nft import Nft, NftError, TableListing, Transaction
 from lace_proxy.networks.graph import NetworkLayout
 from lace_proxy.prefixes import covered
 from lace_proxy.table import Changeset
@@ -67,8 +70,8 @@ FULL_SYNC_ONLY = ("lb", "npc", "xl", "npl")
 PRECREATED_COUNTS = 16
 #: Entries of the ClientIP affinity maps: (client, service port's id) -> endpoint.
 AFFINITY_SIZE = 1 << 20
-#: Dynamic state a full sync keeps: clients' remembered endpoints.
-KEPT = ("affinity-v4", "affinity-v6")
+#: Dynamic state a full sync keeps: clients' remembered endpoints, moved flows' replies.
+KEPT = ("affinity-v4", "affinity-v6", *rescue.CONTAINERS)
 #: Changes whenever what a table's skeleton means changes (see NftablesBackend._skeleton).
 SKELETON_VERSION = 1
 #: Every this many full syncs read every element back (see NftablesBackend.full_sync).
@@ -688,6 +691,7 @@ class Renderer:
                 f"  map source-networks-{v} {{ type {at} : verdict; flags interval; }}",
                 f"  set host-unpeered-{v} {{ type {at}; flags interval; }}",
                 f"  set local-pod-cidrs-{v} {{ type {at}; flags interval; }}",
+                *rescue.declarations(fam),
             ]
         lines += [
             "  chain mark-for-masquerade {",
@@ -821,6 +825,7 @@ class Renderer:
             "    meta nfproto ipv6 ct status dnat ct mark vmap @affinity-record-v6",
             "    jump masquerading",
             "  }",
+            *rescue.chains(),
             "}",
         ]
         return lines
@@ -894,11 +899,14 @@ class NftablesBackend:
         conntrack: Conntrack | None = None,
         *,
         verify_every: int = VERIFY_EVERY,
+        udp_flows_moved: Callable[[int, int], None] | None = None,
     ) -> None:
         self.settings = settings
         self.verify_every = verify_every
         self.nft = nft or Nft()
         self.conntrack = conntrack
+        # Told (rescued, unrescued) after each sync that moved UDP flows (rescue.py).
+        self._udp_flows_moved = udp_flows_moved
         self.renderer = Renderer(settings)
         self._refs: Counter[tuple[str, str]] = Counter()  # shared element -> plans holding it
         self._shared_chains: set[str] = set()
@@ -984,13 +992,12 @@ class NftablesBackend:
         self._networks, self._programmed_layout = networks, layout
         self._synced = self._trusted = True
         self._since_verified = 0
-        if self.conntrack is not None:
-            if kernel is not None:
-                # What the kernel held is known: only flows it translated to endpoints now
-                # gone, or left alone for frontends now served, are stale.
-                self.conntrack.delete_udp(stale_udp_filters_by_elements(diff, plans))
-            elif changes is not None:
-                self.conntrack.delete_udp(stale_udp_filters(changes))
+        if kernel is not None:
+            # What the kernel held is known: only flows it translated to endpoints now
+            # gone, or left alone for frontends now served, are stale.
+            self._move_udp_flows(stale_udp_filters_by_elements(diff, plans))
+        elif changes is not None:
+            self._move_udp_flows(stale_udp_filters(changes))
         return len(tx)
 
     def _render_all(
@@ -1258,9 +1265,34 @@ class NftablesBackend:
                 self._refs[shared] = count
             else:
                 del self._refs[shared]
-        if self.conntrack is not None:
-            self.conntrack.delete_udp(stale_udp_filters(changes))
+        self._move_udp_flows(stale_udp_filters(changes))
         return len(tx)
+
+    def _move_udp_flows(self, stale: StaleFlows) -> None:
+        """Delete the stale UDP conntrack entries, once the replies in flight on those that
+        leave an endpoint are rescued."""
+        if self.conntrack is None or not stale:
+            return
+        self.rescue_udp_replies(stale.moved)
+        self.conntrack.delete_udp([*stale.moved, *stale.untranslated])
+
+    def rescue_udp_replies(self, moved: list[Filter]) -> None:
+        """Rescue the replies in flight of the UDP flows these filters select, which are
+        about to lose their translation: their conntrack entries deleted here, or in IPVS
+        mode their real server (rescue.py)."""
+        if self.conntrack is None or not moved:
+            return
+        flows = self.conntrack.list_udp(moved)
+        rescued = min(len(flows), rescue.LIMIT)
+        tx = rescue.transaction(self.settings.table, flows)
+        if tx:
+            try:
+                self.nft.apply(tx)
+            except NftError as exc:
+                rescued = 0
+                log.warning("nftables: replies in flight of moved UDP flows not rescued: %s", exc)
+        if flows and self._udp_flows_moved is not None:
+            self._udp_flows_moved(rescued, len(flows) - rescued)
 
     def node_addresses_changed(self, addresses: tuple[str, ...]) -> bool:
         """The node's own addresses changed; True when the next sync must be a full one.

@@ -106,7 +106,8 @@ class Harness:
     `node_name` the Node it is; `routing` turns on the policy routes; `mode` "ipvs" programs
     IPVS (plus nftables without translation; needs an IPVS kernel: tests/vm); `pod_networks`
     is told the pod networks' prefixes at each sync and `node_pod_cidrs` the Node's podCIDRs
-    when they change (the egress controller's hooks).
+    when they change (the egress controller's hooks); `udp_flows_moved` gets what the metric
+    lace_proxy_udp_flows_moved would count.
     """
 
     def __init__(
@@ -121,6 +122,7 @@ class Harness:
         ipvs: IpvsSettings | None = None,
         pod_networks: Callable[[tuple[str, ...]], None] | None = None,
         node_pod_cidrs: Callable[[tuple[str, ...]], None] | None = None,
+        udp_flows_moved: Callable[[int, int], None] | None = None,
         verify_every: int = 1,
         **settings: Any,
     ) -> None:
@@ -132,7 +134,11 @@ class Harness:
         if mode == "ipvs":
             settings["translate"] = False
         self.nft = NftablesBackend(
-            NftablesSettings(**settings), Nft(netns), Conntrack(netns), verify_every=verify_every
+            NftablesSettings(**settings),
+            Nft(netns),
+            Conntrack(netns),
+            verify_every=verify_every,
+            udp_flows_moved=udp_flows_moved,
         )
         self.backend: NftablesBackend | IpvsBackend = (
             IpvsBackend(ipvs or IpvsSettings(), self.nft, netns) if mode == "ipvs" else self.nft

@@ -528,12 +528,9 @@ class Verdict:
     kind: str
     total: int
     failed: list[str] = field(default_factory=list)  # what went wrong, one line each
-    #: Queries lost in flight as their flow moved (see judge_streams): not failures.
-    in_flight: list[str] = field(default_factory=list)
 
     def line(self) -> str:
-        extra = f" ({len(self.in_flight)} in flight at a move)" if self.in_flight else ""
-        return f"{self.kind}: {len(self.failed)} failed / {self.total}{extra}"
+        return f"{self.kind}: {len(self.failed)} failed / {self.total}"
 
 
 def usable(steps: Sequence[Step], initial: Sequence[str]) -> dict[str, list[tuple[float, float]]]:
@@ -600,31 +597,21 @@ def judge_streams(
     """Every query of a fixed-source-port UDP stream is answered, by the pod the flow is
     on, until the sync that puts that pod in state `leaves_at` starts; once that sync has
     ended, by another pod, usable then (the flow moved within that one sync), which it then
-    stays on in turn.
-
-    One exception, inherent to NAT state (kube-proxy's cleanup has it too): the reply to a
-    query in flight at the instant its flow's conntrack entry is deleted (nftables mode) or
-    its IPVS connection expired (IPVS mode) finds no state to translate it back, and is
-    dropped. So one lost query per move, sent while the sync that moved the flow ran, is
-    counted apart (`in_flight`); any other loss is a failure.
+    stays on in turn. No query is lost: not even one in flight as its flow moved, whose
+    reply the old pod sends once the flow's conntrack entry is gone (rescue.py).
     """
     windows = usable(steps, initial)
     verdict = Verdict("stream", 0)
     for flow in (f for f in flows if f.kind == "stream"):
-        pod, since, excused = flow.first, flow.exchanges[0].sent, None
+        pod, since = flow.first, flow.exchanges[0].sent
         for e in flow.exchanges:
             verdict.total += 1
             leave = next(
                 (s for s in steps if (s.pod, s.state) == (pod, leaves_at) and s.started > since),
                 None,
             )
-            during = leave is not None and leave.started <= e.sent <= leave.ended
             wrong = ""
             if e.outcome != "reply":
-                if during and excused is not leave:
-                    excused = leave
-                    verdict.in_flight.append(f"{flow.frontend} stream on {pod}: {e}")
-                    continue
                 wrong = "lost"
             elif e.name == pod:
                 if leave is not None and e.sent > leave.ended:

@@ -8,9 +8,12 @@ sync's element diff (after a restart, what was programmed is read from the kerne
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
 
-from lace_proxy.dataplane.conntrack import stale_udp_filters, stale_udp_filters_by_elements
+from lace_proxy.dataplane.conntrack import (
+    StaleFlows,
+    stale_udp_filters,
+    stale_udp_filters_by_elements,
+)
 from lace_proxy.model.endpointslice import EndpointPort
 from lace_proxy.model.service import ServicePort
 
@@ -28,8 +31,10 @@ OLD, NEW = "10.0.0.1", "10.0.0.2"
 TERMINATING = {"ready": False, "serving": True, "terminating": True}
 
 
-def deleted(filters: Any) -> set[tuple[str, ...]]:
-    return set(filters)
+def deleted(stale: StaleFlows) -> set[tuple[str, ...]]:
+    """The flows moved off an endpoint (none here is untranslated: the service had some)."""
+    assert stale.untranslated == []
+    return set(stale.moved)
 
 
 def to(endpoint: str) -> set[tuple[str, ...]]:
@@ -96,3 +101,36 @@ def test_a_full_sync_after_a_restart_spares_standby_endpoints(twin: ModuleType) 
         table.build()
         table.commit()
         assert deleted(stale_udp_filters_by_elements(diff, table.plans())) == expected
+
+
+UNTRANSLATED = {
+    *(
+        ("--orig-dst", a, "--orig-port-dst", "53", "--reply-src", a)
+        for a in ("10.96.0.10", "192.0.2.7", "192.0.2.8")
+    ),
+    ("--orig-port-dst", "30053", "--reply-port-src", "30053"),
+}
+
+
+def test_a_frontend_just_served_drops_only_its_untranslated_flows(twin: ModuleType) -> None:
+    """Flows rejected while the service had no endpoints were never translated (their reply
+    comes from the frontend): they go. Translated ones stay on their endpoint: kube-proxy's,
+    at a switch-over, included."""
+    table = twin.ServiceTable("n1")
+    table.upsert_service(DNS)
+    table.build()
+    table.commit()
+    table.upsert_slice(eps(ep(NEW), service="dns", ports=PORTS))
+    stale = stale_udp_filters(table.build())
+    assert (stale.moved, set(stale.untranslated)) == ([], UNTRANSLATED)
+    table.commit()
+    # The same after a restart: the kernel's service maps lacked the frontends.
+    served = {
+        "service-ips-v4": {
+            f"{a} . udp . 53 : goto lb-v4-1" for a in ("10.96.0.10", "192.0.2.7", "192.0.2.8")
+        },
+        "service-nodeports-v4": {"udp . 30053 : goto np-v4-1"},
+    }
+    diff = {name: (set(), elements) for name, elements in served.items()}
+    stale = stale_udp_filters_by_elements(diff, table.plans())
+    assert (stale.moved, set(stale.untranslated)) == ([], UNTRANSLATED)

@@ -83,6 +83,7 @@ LACE = {
     "lace_proxy_build_info": ("gauge", {"version", "table"}),
     "lace_proxy_network_conditions": ("gauge", {"code"}),
     "lace_proxy_egress_syncs_total": ("counter", {"result"}),
+    "lace_proxy_udp_flows_moved_total": ("counter", {"result"}),
     "lace_proxy_egress_ranges": ("gauge", set()),
     "lace_proxy_table_services": ("gauge", set()),
     "lace_proxy_table_plans": ("gauge", set()),
