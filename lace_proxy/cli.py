@@ -71,7 +71,7 @@ from lace_proxy.proxier import Proxier
 from lace_proxy.sources.files import SOURCE_NAME as FILES
 from lace_proxy.sources.files import ManifestSource
 from lace_proxy.sources.kube import SOURCE_NAME as KUBE
-from lace_proxy.sources.kube import KubeSource, api_client
+from lace_proxy.sources.kube import ApiConfigError, ApiConnection, KubeSource
 from lace_proxy.state_socket import StateServer
 from lace_proxy.table import ServiceTable
 from lace_proxy.table.changeset import backend_state
@@ -203,14 +203,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if name == FILES:
         source = ManifestSource(where, proxier, rejections, interval=args.poll_interval)
     else:
-        try:
-            api = api_client(kubeconfig, args.master)
-        except Exception as exc:  # no in-cluster environment, unreadable kubeconfig
-            raise SystemExit(
-                f"lace-proxy: cannot configure the API client from {where}: {exc}"
-            ) from exc
+        connection = ApiConnection(kubeconfig, args.master)
+        try:  # a bad kubeconfig is told before anything starts
+            asyncio.run(connection.configuration())
+        except ApiConfigError as exc:
+            raise SystemExit(f"lace-proxy: {exc}") from exc
         source = KubeSource(
-            api,
+            connection,
             proxier,
             cfg.hostname_override,
             rejections,
@@ -347,12 +346,8 @@ def _computed_proxier(args: argparse.Namespace, cfg: ProxyConfig) -> Proxier:
     if cfg.lace.manifests:
         ManifestSource(_manifests(cfg), proxier, rejections).poll()
     else:
-        kubeconfig = args.kubeconfig or cfg.client_connection.kubeconfig
-        try:
-            api = api_client(kubeconfig, args.master)
-        except Exception as exc:  # no in-cluster environment, unreadable kubeconfig
-            raise _InputError(f"cannot configure the API client: {exc}") from exc
-        source = KubeSource(api, proxier, cfg.hostname_override, rejections)
+        server = ApiConnection(args.kubeconfig or cfg.client_connection.kubeconfig, args.master)
+        source = KubeSource(server, proxier, cfg.hostname_override, rejections)
 
         async def listed() -> None:
             stop = asyncio.Event()
@@ -360,21 +355,21 @@ def _computed_proxier(args: argparse.Namespace, cfg: ProxyConfig) -> Proxier:
             try:
                 async with asyncio.timeout(args.timeout):
                     while not proxier.ready:
+                        if task.done():  # the client could not be configured
+                            task.result()
                         await asyncio.sleep(0.05)
             except TimeoutError:
-                where = args.master or kubeconfig or "the in-cluster API"
                 raise _InputError(
-                    f"{where}: no complete list of services and endpoint slices within "
-                    f"{args.timeout:g} s (is the API server reachable?)"
+                    f"{server.describe()}: no complete list of services and endpoint slices "
+                    f"within {args.timeout:g} s (is the API server reachable?)"
                 ) from None
+            except ApiConfigError as exc:
+                raise _InputError(str(exc)) from exc
             finally:
                 stop.set()
-                await task
+                await asyncio.gather(task, return_exceptions=True)
 
-        try:
-            asyncio.run(listed())
-        finally:
-            api.close()
+        asyncio.run(listed())
     table.build()
     table.commit()
     return proxier

@@ -15,7 +15,7 @@ watcher depends on, with the real semantics:
   that stops matching a selector arrives as ``DELETED`` and one that starts matching as
   ``ADDED``; ``allowWatchBookmarks``, ``sendInitialEvents``, ``timeoutSeconds``;
 * faults a test switches on while the server runs: dropped watches, stalls, outages (503 or
-  refused connections), a forgotten history, latency.
+  refused connections), a forgotten history, latency, throttling (429 with Retry-After).
 
 Served: core/v1 services, nodes and events (create only), discovery.k8s.io/v1 endpointslices
 and, when enabled, the cluster-scoped lace-cni.io/v1alpha1 resources, plus discovery documents.
@@ -663,6 +663,8 @@ class _Faults:
     latency: float = 0.0
     stall_until: float = 0.0
     unavailable: bool = False  # every request is answered 503
+    throttled: int = 0  # so many requests more are answered 429 (with Retry-After)
+    retry_after: int = 1
     refusing: bool = False  # the listening socket is closed
 
 
@@ -898,6 +900,12 @@ class ApiServer:
         """Delay every response by ``seconds`` (0 turns it off)."""
         self._faults.latency = seconds
 
+    def throttle(self, requests: int, retry_after: int = 1) -> None:
+        """Answer the next ``requests`` API requests 429 Too Many Requests with Retry-After,
+        as API Priority and Fairness answers when a priority level's queues are full (the
+        real server does so only under load it cannot be made to show on demand)."""
+        self._faults.throttled, self._faults.retry_after = requests, retry_after
+
     # -- observation, for tests -----------------------------------------------------------
 
     def requests(self) -> builtins.list[RecordedRequest]:
@@ -962,6 +970,13 @@ class ApiServer:
                 )
             if request.path in ("/healthz", "/livez", "/readyz"):
                 return web.Response(text="ok")
+            if self._faults.throttled > 0:
+                self._faults.throttled -= 1
+                error = ApiError(
+                    429, "TooManyRequests", "Too many requests, please try again later."
+                )
+                headers = {"Retry-After": str(self._faults.retry_after)}
+                return web.json_response(error.status(), status=429, headers=headers)
             discovery = self._discovery(request.path)
             if discovery is not None:
                 if request.method != "GET":

@@ -1,16 +1,17 @@
 """The `kube` source: reflectors that list and watch the Kubernetes API, as client-go's do.
 
-One reflector per resource (Services, EndpointSlices, this node's Node) lists, then watches
-from the list's resourceVersion with bookmarks, and resumes from the last version it saw
-after a dropped connection. A `410 Gone` (the version left the server's history) leads to a
-relist whose result is diffed against what was delivered, so the table sees only real
-changes — no flush. Failures back off exponentially with jitter; every read has a timeout
-so a stalled server is noticed.
+One reflector per resource (Services, EndpointSlices, this node's Node, ServiceCIDRs, the
+Lace resources) lists, then watches from the list's resourceVersion with bookmarks, and
+resumes from the last version it saw after a dropped connection. Lists are paged
+(`limit`/`continue`), so 30k Services never arrive as one response. A `410 Gone` (the version
+left the server's history, or a page's continue token expired) leads to a relist whose
+result is diffed against what was delivered, so the table sees only real changes — no flush.
+Failures back off exponentially with jitter; every read has a timeout so a stalled server
+is noticed.
 
-The `kubernetes` package's client is synchronous, so each reflector runs in a worker thread;
-parsed, validated changes reach the change handler on the event loop
-(`call_soon_threadsafe`), in order. An object that fails validation keeps its last good
-version, as with the files source.
+Every reflector is a task on the proxy's event loop (`kubernetes.aio`, over aiohttp): no
+threads, and parsed, validated changes reach the change handler directly, in order. An
+object that fails validation keeps its last good version, as with the files source.
 """
 
 from __future__ import annotations
@@ -19,14 +20,13 @@ import asyncio
 import json
 import logging
 import random
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import urllib3
-from kubernetes import client as k8s
-from kubernetes import config as k8s_config
+import aiohttp
+from kubernetes.aio import client as k8s
+from kubernetes.aio import config as k8s_config
 
 from lace_proxy.model import (
     HEADLESS_LABEL,
@@ -65,6 +65,7 @@ class Timing:
     backoff_initial: float = 0.8
     backoff_max: float = 30.0
     rediscover: float = 60.0  # how often an unserved custom resource is asked for again
+    page_size: int = 500  # objects per list response (client-go's pager asks for 500)
 
 
 class Gone(Exception):
@@ -156,16 +157,42 @@ def resources(node_name: str) -> list[Resource]:
     ]
 
 
-def api_client(kubeconfig: str | None = None, master: str | None = None) -> k8s.ApiClient:
-    """In-cluster config, or a kubeconfig file, or a bare API server URL (as kube-proxy)."""
-    configuration = k8s.Configuration()
-    if kubeconfig:
-        k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    elif master is None:
-        k8s_config.load_incluster_config(client_configuration=configuration)
-    if master:
-        configuration.host = master
-    return k8s.ApiClient(configuration)
+class ApiConfigError(Exception):
+    """The API client cannot be configured (no in-cluster environment, a bad kubeconfig)."""
+
+
+@dataclass(frozen=True)
+class ApiConnection:
+    """Where the API server is and who the proxy is to it: a kubeconfig file, else the pod's
+    service account (in-cluster), with `master` overriding the address (as kube-proxy's)."""
+
+    kubeconfig: str | None = None
+    master: str | None = None
+
+    def describe(self) -> str:
+        return self.master or self.kubeconfig or "the in-cluster config"
+
+    async def configuration(self) -> k8s.Configuration:
+        """The client configuration; ApiConfigError names what is wrong (callers may check
+        it before starting anything: it holds no connection)."""
+        configuration = k8s.Configuration()
+        try:
+            if self.kubeconfig:
+                await k8s_config.load_kube_config(
+                    config_file=self.kubeconfig, client_configuration=configuration
+                )
+            elif self.master is None:
+                k8s_config.load_incluster_config(client_configuration=configuration)
+        except Exception as exc:
+            raise ApiConfigError(
+                f"cannot configure the API client from {self.describe()}: {exc}"
+            ) from exc
+        if self.master:
+            configuration.host = self.master
+        # As client-go's REST client: a 429 (or 5xx) with Retry-After is waited out and the
+        # GET sent again (up to 10 times), not reported as a failure.
+        configuration.client_go_retries = True
+        return configuration
 
 
 def _object_key(raw: dict[str, Any]) -> str:
@@ -175,14 +202,13 @@ def _object_key(raw: dict[str, Any]) -> str:
 
 
 class Reflector:
-    """Lists and watches one resource, delivering changes to the handler on the loop."""
+    """Lists and watches one resource, delivering changes to the handler."""
 
     def __init__(
         self,
         resource: Resource,
         api: k8s.ApiClient,
         handler: ChangeHandler,
-        loop: asyncio.AbstractEventLoop,
         rejections: Rejections,
         timing: Timing,
         on_synced: Callable[[], None],
@@ -192,7 +218,6 @@ class Reflector:
         self.resource = resource
         self.api = api
         self.handler = handler
-        self.loop = loop
         self.rejections = rejections
         self.timing = timing
         self.on_synced = on_synced
@@ -203,114 +228,115 @@ class Reflector:
         self.resource_version: str | None = None
         self.relists = 0
         self.watch_restarts = 0
-        self._stop = threading.Event()
-        self._response: Any = None
+        self.pages = 0  # list responses read, all lists together
         self._synced = False
 
     # -- running --
 
-    def run(self) -> None:
-        """The reflector's thread: list, watch, resume, relist; until stop()."""
+    async def run(self) -> None:
+        """List, watch, resume, relist; until cancelled."""
         delay = self.timing.backoff_initial
-        while not self._stop.is_set():
+        while True:
             try:
                 if self.resource_version is None:
-                    self._list()
-                self._watch()
+                    await self._list()
+                await self._watch()
                 delay = self.timing.backoff_initial  # a watch that ends normally: resume
             except NotServed:
-                self._call(self._apply_list, {})  # its objects, if any, are gone
+                self._apply_list({})  # its objects, if any, are gone
                 self._mark_synced()
-                self._stop.wait(self.timing.rediscover)
-            except Gone:
+                await asyncio.sleep(self.timing.rediscover)
+            except Gone as exc:
                 log.info(
-                    "%s: resourceVersion %s expired; relisting",
+                    "%s: resourceVersion %s expired (%s); relisting",
                     self.resource.name,
                     self.resource_version,
+                    exc,
                 )
                 self.resource_version = None
                 self.relists += 1
                 self.metrics("relist", self.resource.name)
             except Exception as exc:  # any failure: back off and retry
-                if self._stop.is_set():
-                    return
                 self._contact(False)
                 self.watch_restarts += 1
                 self.metrics("watch_restart", self.resource.name)
                 log.warning("%s: %s; retrying in %.1fs", self.resource.name, _describe(exc), delay)
-                self._stop.wait(delay * random.uniform(1.0, 1.5))
+                await asyncio.sleep(delay * random.uniform(1.0, 1.5))
                 delay = min(delay * 2, self.timing.backoff_max)
-
-    def stop(self) -> None:
-        """Ask the thread to end, and unblock a read in progress."""
-        self._stop.set()
-        response = self._response
-        if response is not None:
-            try:
-                response.shutdown()
-            except Exception:
-                response.release_conn()
 
     # -- protocol --
 
-    def _get(self, query: dict[str, str], read_timeout: float) -> Any:
+    async def _get(self, query: dict[str, str]) -> aiohttp.ClientResponse:
+        """The response to a GET of the resource, its body not yet read (streamable)."""
         query = dict(query)
         if self.resource.label_selector:
             query["labelSelector"] = self.resource.label_selector
         if self.resource.field_selector:
             query["fieldSelector"] = self.resource.field_selector
-        method, url, headers, body, post = self.api.param_serialize(
+        method, url, headers, body, post = await self.api.param_serialize(
             "GET",
             self.resource.path,
             query_params=list(query.items()),
             header_params={"Accept": "application/json"},
             auth_settings=["BearerToken"],
         )
-        response = self.api.call_api(
-            method,
-            url,
-            headers,
-            body,
-            post,
-            _request_timeout=(self.timing.connect_timeout, read_timeout),
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=self.timing.connect_timeout, sock_read=self.timing.read_timeout
         )
+        response = (
+            await self.api.call_api(method, url, headers, body, post, _request_timeout=timeout)
+        ).response
         if response.status >= 400:
-            data = response.response.data
-            response.response.release_conn()
+            try:
+                data = await response.read()
+            finally:
+                response.release()
             # 404: the CRD is not installed; 403: we may not read it (RBAC). Either way
             # the resource is absent for us, and must not hold up the other resources.
             if response.status in (403, 404) and self.resource.optional:
                 self._contact(True)  # the API answers; it just has no such resource
                 self.resource_version = None
                 raise NotServed(self.resource.path)
+            if response.status == 410:  # a list's continue token (or version) expired
+                self._contact(True)
+                raise Gone(_message(data))
             raise k8s.ApiException(status=response.status, reason=response.reason, body=data)
         self._contact(True)
-        return response.response  # the urllib3 response, not yet read: streamable
+        return response
 
-    def _list(self) -> None:
-        response = self._get({}, self.timing.read_timeout)
-        try:
-            body = json.loads(response.data)
-        finally:
-            response.release_conn()
-        items = body.get("items") or []
+    async def _list(self) -> None:
+        """Page by page, all at one resourceVersion (the first page's snapshot): delivered
+        only once complete, as one list."""
         parsed: dict[str, Any] = {}
-        for raw in items:
-            parsed[_object_key(raw)] = self._parse(raw)  # None: invalid, see _apply_list
-        self._call(self._apply_list, parsed)
-        self.resource_version = str(body.get("metadata", {}).get("resourceVersion") or "")
+        token, version = "", ""
+        while True:
+            query = {"limit": str(self.timing.page_size)}
+            if token:
+                query["continue"] = token
+            response = await self._get(query)
+            try:
+                body = json.loads(await response.read())
+            finally:
+                response.release()
+            self.pages += 1
+            for raw in body.get("items") or []:
+                parsed[_object_key(raw)] = self._parse(raw)  # None: invalid, see _apply_list
+            meta = body.get("metadata") or {}
+            version = str(meta.get("resourceVersion") or version)
+            token = meta.get("continue") or ""
+            if not token:
+                break
+        self._apply_list(parsed)
+        self.resource_version = version
         self._mark_synced()
 
     def _mark_synced(self) -> None:
         if not self._synced:
             self._synced = True
-            self.loop.call_soon_threadsafe(self.on_synced)
+            self.on_synced()
 
     def _apply_list(self, parsed: dict[str, Any | None]) -> None:
-        """On the loop: deliver the difference between a (re)list and what was delivered.
-
-        Runs on the loop because `delivered` belongs to it (the thread never reads it).
-        """
+        """Deliver the difference between a (re)list and what was delivered."""
         kept = {}
         for key, obj in parsed.items():
             if obj is None:  # invalid now: keep the last good version, if any
@@ -325,7 +351,7 @@ class Reflector:
                 self.resource.upsert(self.handler, obj)
         self.delivered = kept
 
-    def _watch(self) -> None:
+    async def _watch(self) -> None:
         timeout = int(self.timing.watch_timeout * random.uniform(1.0, 2.0))
         query = {
             "watch": "true",
@@ -333,16 +359,12 @@ class Reflector:
             "timeoutSeconds": str(timeout),
             "resourceVersion": self.resource_version or "",
         }
-        response = self._get(query, self.timing.read_timeout)
-        self._response = response
+        response = await self._get(query)
         try:
-            for event in _events(response):
-                if self._stop.is_set():
-                    return
+            async for event in _events(response.content):
                 self._event(event)
         finally:
-            self._response = None
-            response.release_conn()
+            response.release()
 
     def _event(self, event: dict[str, Any]) -> None:
         kind, raw = event.get("type"), event.get("object") or {}
@@ -356,56 +378,58 @@ class Reflector:
             return
         key = _object_key(raw)
         if kind == "DELETED":
-            self._call(self._deliver_delete, key)
+            if self.delivered.pop(key, None) is not None:
+                self.resource.delete(self.handler, key)
         elif kind in ("ADDED", "MODIFIED"):
             obj = self._parse(raw)
-            if obj is not None:
-                self._call(self._deliver_upsert, key, obj)
+            if obj is not None and self.delivered.get(key) != obj:
+                self.delivered[key] = obj
+                self.resource.upsert(self.handler, obj)
         if version:
             self.resource_version = version
-
-    def _deliver_upsert(self, key: str, obj: Any) -> None:
-        if self.delivered.get(key) != obj:
-            self.delivered[key] = obj
-            self.resource.upsert(self.handler, obj)
-
-    def _deliver_delete(self, key: str) -> None:
-        if self.delivered.pop(key, None) is not None:
-            self.resource.delete(self.handler, key)
 
     def _contact(self, ok: bool) -> None:
         """Report a change in whether the API answers (for health)."""
         if ok != self._in_contact:
             self._in_contact = ok
             if self.on_contact is not None:
-                self._call(self.on_contact, self.resource.name, ok)
+                self.on_contact(self.resource.name, ok)
 
     def _parse(self, raw: dict[str, Any]) -> Any:
         try:
             return self.resource.parse(raw)
         except ValidationError as error:
-            self._call(self.rejections.record, error)
+            self.rejections.record(error)
             return None
 
-    def _call(self, fn: Callable[..., None], *args: Any) -> None:
-        self.loop.call_soon_threadsafe(fn, *args)
 
-
-def _events(response: Any) -> Iterator[dict[str, Any]]:
-    """Newline-delimited JSON watch events from a streaming response."""
-    pending = b""
-    for chunk in response.stream(65536, decode_content=True):
+async def _events(stream: aiohttp.StreamReader) -> AsyncIterator[dict[str, Any]]:
+    """Newline-delimited JSON watch events from a streaming response (an event may be far
+    longer than aiohttp's line limit: a slice of a thousand endpoints)."""
+    pending = bytearray()
+    async for chunk in stream.iter_any():
         pending += chunk
-        while b"\n" in pending:
-            line, pending = pending.split(b"\n", 1)
+        start = 0
+        while (end := pending.find(b"\n", start)) >= 0:
+            line = bytes(pending[start:end])
+            start = end + 1
             if line.strip():
                 yield json.loads(line)
+        del pending[:start]
     if pending.strip():
-        yield json.loads(pending)
+        yield json.loads(bytes(pending))
+
+
+def _message(data: bytes) -> str:
+    """A Status body's message, else the body."""
+    try:
+        return str(json.loads(data).get("message") or data[:200])
+    except (ValueError, AttributeError):
+        return repr(data[:200])
 
 
 def _describe(exc: Exception) -> str:
-    if isinstance(exc, urllib3.exceptions.ReadTimeoutError):
+    if isinstance(exc, TimeoutError):  # aiohttp.ServerTimeoutError too
         return "read timed out"
     if isinstance(exc, k8s.ApiException):
         return f"API error {exc.status} {exc.reason}"
@@ -417,7 +441,7 @@ class KubeSource:
 
     def __init__(
         self,
-        api: k8s.ApiClient,
+        server: ApiConnection,
         handler: ChangeHandler,
         node_name: str,
         rejections: Rejections | None = None,
@@ -425,7 +449,7 @@ class KubeSource:
         metrics: Callable[[str, str], None] | None = None,
         on_contact: Callable[[str, bool], None] | None = None,
     ) -> None:
-        self.api = api
+        self.server = server
         self.handler = handler
         self.node_name = node_name
         self.rejections = rejections or Rejections()
@@ -435,7 +459,7 @@ class KubeSource:
         self.reflectors: list[Reflector] = []
 
     async def run(self, stop: asyncio.Event) -> None:
-        loop = asyncio.get_running_loop()
+        """Watch until `stop` is set; ApiConfigError if the client cannot be configured."""
         pending = {r.name for r in resources(self.node_name)}
 
         def synced(name: str) -> Callable[[], None]:
@@ -446,30 +470,27 @@ class KubeSource:
 
             return done
 
-        self.reflectors = [
-            Reflector(
-                r,
-                self.api,
-                self.handler,
-                loop,
-                self.rejections,
-                self.timing,
-                synced(r.name),
-                self.metrics,
-                self.on_contact,
-            )
-            for r in resources(self.node_name)
-        ]
-        threads = [
-            threading.Thread(target=r.run, name=f"reflector-{r.resource.name}", daemon=True)
-            for r in self.reflectors
-        ]
-        for thread in threads:
-            thread.start()
-        try:
-            await stop.wait()
-        finally:
-            for reflector in self.reflectors:
-                reflector.stop()
-            for thread in threads:
-                await asyncio.to_thread(thread.join, 5.0)
+        async with k8s.ApiClient(await self.server.configuration()) as api:
+            self.reflectors = [
+                Reflector(
+                    r,
+                    api,
+                    self.handler,
+                    self.rejections,
+                    self.timing,
+                    synced(r.name),
+                    self.metrics,
+                    self.on_contact,
+                )
+                for r in resources(self.node_name)
+            ]
+            tasks = [
+                asyncio.create_task(r.run(), name=f"reflector-{r.resource.name}")
+                for r in self.reflectors
+            ]
+            try:
+                await stop.wait()
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)

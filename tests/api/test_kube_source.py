@@ -10,7 +10,7 @@ import pytest
 import uvloop
 
 from lace_proxy.sandbox.apiserver import ApiServer
-from lace_proxy.sources.kube import PROXY_SELECTOR, SOURCE_NAME, KubeSource, api_client
+from lace_proxy.sources.kube import PROXY_SELECTOR, SOURCE_NAME, ApiConnection, KubeSource
 
 from ..helpers import (
     EMULATOR_TIMING,
@@ -43,7 +43,7 @@ class Running:
         self.api = api
         self.recorder = Recorder()
         self.source = KubeSource(
-            api_client(kubeconfig=str(api.kubeconfig_path)),
+            ApiConnection(kubeconfig=str(api.kubeconfig_path)),
             self.recorder,
             "node-a",
             timing=EMULATOR_TIMING,
@@ -324,5 +324,22 @@ def test_service_cidrs_are_watched_and_a_bad_one_is_rejected(api: ApiServer) -> 
         )
         api.delete("ServiceCIDR", None, "kubernetes")
         await eventually(lambda: ("servicecidr-", "kubernetes") in r.recorder.events)
+
+    run(api, scenario)
+
+
+def test_too_many_requests_are_waited_out_as_client_go_does(api: ApiServer) -> None:
+    """429 with Retry-After (the apiserver's answer when overloaded, or while a CRD's storage
+    starts): each request waits and is sent again, as client-go's REST client does; the
+    source syncs with no failure counted."""
+    api.apply(api_service("web"))
+    api.throttle(4, retry_after=1)
+
+    async def scenario(r: Running) -> None:
+        started = asyncio.get_running_loop().time()
+        await eventually(lambda: ("synced", SOURCE_NAME) in r.recorder.events)
+        assert asyncio.get_running_loop().time() - started >= 1.0  # Retry-After was honoured
+        assert ("service+", "default/web") in r.take()
+        assert [x.watch_restarts for x in r.source.reflectors] == [0] * len(r.source.reflectors)
 
     run(api, scenario)

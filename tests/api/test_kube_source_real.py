@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import time
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +26,19 @@ import helm_python
 import pytest
 import yaml
 from kubernetes import client, config
+from kubernetes.aio.client import ApiClient
 
-from lace_proxy.model import LACE_GROUP_VERSION, SERVICE_PROXY_NAME_LABEL, ZONE_LABEL
+from lace_proxy.model import LACE_GROUP_VERSION, SERVICE_PROXY_NAME_LABEL, ZONE_LABEL, Rejections
 from lace_proxy.sandbox.apiserver import ApiServer
-from lace_proxy.sources.kube import SOURCE_NAME, KubeSource, Reflector, Timing, api_client
+from lace_proxy.sources.kube import (
+    PROXY_SELECTOR,
+    SOURCE_NAME,
+    ApiConnection,
+    KubeSource,
+    Reflector,
+    Timing,
+    resources,
+)
 from testkit.controlplane.cluster import ControlPlane
 from testkit.controlplane.faults import Cut, can_cut, compact_etcd, etcd_history_kept
 
@@ -192,7 +203,7 @@ class Running:
         self.mine = mine
         self.contact: list[tuple[str, bool]] = []
         self.source = KubeSource(
-            api_client(kubeconfig=str(kubeconfig)),
+            ApiConnection(kubeconfig=str(kubeconfig)),
             self.recorder,
             node_name,
             timing=timing,
@@ -309,7 +320,8 @@ def remove_crds(admin: Rest) -> None:
 
 def _established(admin: Rest, name: str) -> bool:
     status, body = admin.call("GET", where("CustomResourceDefinition", name))
-    conditions = body.get("status", {}).get("conditions", []) if status == 200 else []
+    # A CRD just created may show `"conditions": null` until the controller fills them.
+    conditions = ((body.get("status") or {}).get("conditions") or []) if status == 200 else []
     return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
 
@@ -532,6 +544,96 @@ def test_the_emulators_timing_restarts_quiet_watches_on_the_real_server(
 
     run(control_plane.admin_kubeconfig, times_out, timing=EMULATOR_TIMING)
     run(control_plane.admin_kubeconfig, ends_normally, timing=quiet)
+
+
+# --- paged lists ---------------------------------------------------------------------------------
+
+
+def test_the_initial_lists_are_paged(
+    control_plane: ControlPlane, admin: Rest, namespace: str
+) -> None:
+    """A list arrives in pages of Timing.page_size (limit/continue): the server counts one LIST
+    per page, and the objects of every page are delivered once the last one is in."""
+    names = [f"s{i}" for i in range(7)]
+    for name in names:
+        admin.create(service(name, namespace))
+    status, body = admin.call("GET", "/api/v1/services", query={"labelSelector": PROXY_SELECTOR})
+    assert status == 200
+    total = len(body["items"])
+    before = served(control_plane, verb="LIST", resource="services")
+
+    async def scenario(r: Running) -> None:
+        await eventually(r.synced)
+        services = r.reflector("services")
+        assert services.pages == math.ceil(total / 3) >= 3
+        assert served(control_plane, verb="LIST", resource="services") - before == services.pages
+        assert sorted(r.take()) == [("service+", f"{namespace}/{n}") for n in names]
+
+    run(
+        control_plane.admin_kubeconfig,
+        scenario,
+        mine=(f"{namespace}/",),
+        timing=replace(REAL, page_size=3),
+    )
+
+
+class CompactingAfterFirstPage(Reflector):
+    """A reflector whose first list is interrupted after its first page: a write, then etcd
+    compacted past the page's snapshot, so the continue token names a compacted revision."""
+
+    plane: ControlPlane
+    admin: Rest
+    namespace: str
+
+    async def _get(self, query: dict[str, str]) -> Any:
+        response = await super()._get(query)
+        if "limit" in query and "continue" not in query and not self.relists:
+            await response.read()  # the page's body, then the writes
+            await asyncio.to_thread(self.admin.create, service("late", self.namespace))
+            await asyncio.to_thread(compact_etcd, self.plane)
+        return response
+
+
+def test_an_expired_continue_token_relists_from_the_start(tmp_path: Path) -> None:
+    """With the watch cache off (lists are paged by etcd), a continue token whose revision etcd
+    compacted meanwhile is refused with 410 Gone: the reflector relists from the first page,
+    at the new revision, and delivers each object once (nothing of the broken list)."""
+    with ControlPlane(apiserver_args=["--watch-cache=false"]) as plane:
+        admin = Rest(plane.admin_client())
+        ns = unique("pages")
+        admin.call("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
+        names = [f"p{i}" for i in range(5)]
+        for name in names:
+            admin.create(service(name, ns))
+        recorder, synced = Recorder(), asyncio.Event()
+        [resource] = [r for r in resources("no-such-node") if r.name == "services"]
+
+        async def main() -> CompactingAfterFirstPage:
+            connection = ApiConnection(kubeconfig=str(plane.admin_kubeconfig))
+            async with ApiClient(await connection.configuration()) as api:
+                reflector = CompactingAfterFirstPage(
+                    resource, api, recorder, Rejections(), replace(REAL, page_size=2), synced.set
+                )
+                reflector.plane, reflector.admin, reflector.namespace = plane, admin, ns
+                task = asyncio.create_task(reflector.run())
+                try:
+                    async with asyncio.timeout(20):
+                        await synced.wait()
+                finally:
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+                return reflector
+
+        try:
+            reflector = asyncio.run(main())
+        finally:
+            admin.api.close()
+        assert reflector.relists == 1
+        assert served(plane, verb="LIST", resource="services", code="410") == 1
+        ours = sorted(
+            e for e in recorder.events if e[1].startswith(f"{ns}/") and e[1] != f"{ns}/kubernetes"
+        )
+        assert ours == sorted(("service+", f"{ns}/{n}") for n in [*names, "late"])
 
 
 # --- dropped connections, compaction, restarts, outages -----------------------------------------

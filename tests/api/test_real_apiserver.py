@@ -18,7 +18,7 @@ import pytest
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from lace_proxy.sources.kube import KubeSource, api_client
+from lace_proxy.sources.kube import ApiConnection, KubeSource
 from testkit.controlplane.cluster import SERVICE_CIDRS, ControlPlane
 
 from ..helpers import Recorder, eventually
@@ -150,7 +150,7 @@ def test_the_kube_source_follows_the_servers_service_cidrs(
     extra = unique("extra")
 
     async def scenario() -> None:
-        source = KubeSource(api_client(kubeconfig=str(kubeconfig)), recorder, "node-a")
+        source = KubeSource(ApiConnection(kubeconfig=str(kubeconfig)), recorder, "node-a")
         stop = asyncio.Event()
         task = asyncio.create_task(source.run(stop))
         try:

@@ -15,7 +15,7 @@ from lace_proxy.metrics import ProxyMetrics
 from lace_proxy.proxier import Proxier
 from lace_proxy.sandbox.apiserver import ApiServer
 from lace_proxy.sandbox.testbed import POD_CIDR4, Testbed, request_tcp
-from lace_proxy.sources.kube import SOURCE_NAME, KubeSource, Timing, api_client
+from lace_proxy.sources.kube import SOURCE_NAME, ApiConnection, KubeSource, Timing
 from lace_proxy.table import ServiceTable
 
 from ..helpers import eventually
@@ -49,7 +49,7 @@ def test_services_from_the_api_carry_traffic_and_follow_endpoints(
         )
         proxier = Proxier(ServiceTable(NODE), backend, sources=[SOURCE_NAME], min_sync_period=0.05)
         source = KubeSource(
-            api_client(kubeconfig=str(api.kubeconfig_path)), proxier, NODE, timing=FAST
+            ApiConnection(kubeconfig=str(api.kubeconfig_path)), proxier, NODE, timing=FAST
         )
 
         async def main() -> None:
@@ -111,7 +111,7 @@ def test_an_api_outage_keeps_traffic_flowing_degrades_health_and_converges(
             health=health,
         )
         source = KubeSource(
-            api_client(kubeconfig=str(api.kubeconfig_path)),
+            ApiConnection(kubeconfig=str(api.kubeconfig_path)),
             proxier,
             NODE,
             timing=FAST,
