@@ -198,6 +198,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         routes=PolicyRoutes(routing_settings(cfg)),
         pod_networks=egress.set_pod_networks if egress is not None else None,
         node_pod_cidrs=egress.set_node_pod_cidrs if egress is not None else None,
+        takeover=_take_over_from_kube_proxy if args.cleanup_kube_proxy else None,
     )
     state = StateServer(cfg.lace.state_socket, proxier) if cfg.lace.state_socket else None
     if name == FILES:
@@ -251,6 +252,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     uvloop.run(main())
     log.info("stopped; the kernel keeps the last programmed state (use `cleanup` to remove it)")
     return 0
+
+
+def _take_over_from_kube_proxy() -> None:
+    """kube-proxy's leftovers go, now that lace-proxy's rules serve (run --cleanup-kube-proxy)."""
+    report = remove_kube_proxy()
+    for line in report.removed:
+        log.info("kube-proxy's leftovers: removed %s", line)
+    for line in report.failed:
+        log.error("kube-proxy's leftovers: could not remove %s", line)
 
 
 def _backend_rows(backends: Sequence[Any]) -> str:
@@ -1133,6 +1143,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--master", metavar="URL", help="the API server's address, overriding the kubeconfig's"
+    )
+    run.add_argument(
+        "--cleanup-kube-proxy",
+        action="store_true",
+        help="switching from kube-proxy: once the first sync is in the kernel, remove "
+        "kube-proxy's leftovers as `cleanup --kube-proxy` does (its rules serve until then, "
+        "so no new connection fails; stop kube-proxy first)",
     )
     run.set_defaults(func=cmd_run)
 

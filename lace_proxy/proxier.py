@@ -75,6 +75,7 @@ class Proxier:
         routes: PolicyRoutes | None = None,
         pod_networks: Callable[[tuple[str, ...]], None] | None = None,
         node_pod_cidrs: Callable[[tuple[str, ...]], None] | None = None,
+        takeover: Callable[[], None] | None = None,
     ) -> None:
         self.table = table
         self.dataplane = dataplane
@@ -111,6 +112,10 @@ class Proxier:
         self._node_pod_cidrs: tuple[str, ...] = ()
         self._node_addresses: tuple[str, ...] = ()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataplane")
+        # Run once, after the first sync that succeeded: what the proxy before lace-proxy
+        # left (kube-proxy's rules) goes only once lace-proxy's serve (a switch-over loses
+        # no connection). A full sync follows, in case it removed kernel state both shared.
+        self._takeover = takeover
 
     # -- change tracker (called by sources, on the loop) --
 
@@ -395,6 +400,11 @@ class Proxier:
             await self.service_health.sync(self._hc_ports.mapping())
         self.stats.last_sync_time = time.time()
         self.stats.last_error = None
+        if self._takeover is not None:
+            takeover, self._takeover = self._takeover, None
+            await loop.run_in_executor(self._executor, takeover)
+            self._need_full = True
+            self._wake.set()
         if count:
             log.info(
                 "%s sync: %d plan changes, %d nft commands, %.1f ms",

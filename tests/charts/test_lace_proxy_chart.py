@@ -15,7 +15,7 @@ import helm_python
 import pytest
 import yaml
 
-from lace_proxy.cli import build_parser, cmd_cleanup
+from lace_proxy.cli import build_parser, cmd_run
 from lace_proxy.config import ProxyConfig, add_config_flags, config_from_args, load_config
 from lace_proxy.model import LACE_GROUP_VERSION
 from lace_proxy.sources.kube import resources as watched_resources
@@ -263,21 +263,25 @@ def test_nftables_mode_is_unprivileged(proxy_chart: helm_python.Chart) -> None:
     assert not any(v.get("hostPath", {}).get("path") == "/lib/modules" for v in volumes.values())
 
 
-def test_kube_proxy_cleanup_runs_first_only_when_asked(proxy_chart: helm_python.Chart) -> None:
-    assert "initContainers" not in daemonset({}, proxy_chart)["spec"]["template"]["spec"]
-    pod = daemonset({"cleanupKubeProxy": True}, proxy_chart)["spec"]["template"]["spec"]
-    [init] = pod["initContainers"]
-    assert init["image"] == container({"spec": {"template": {"spec": pod}}})["image"]
-    # The command is the CLI's own: it parses, and it is the kube-proxy cleanup.
-    assert init["command"][0] == "lace-proxy"
-    args = build_parser().parse_args(init["command"][1:])
-    assert args.func is cmd_cleanup and args.kube_proxy is True
-    sc = init["securityContext"]
+def test_kube_proxy_cleanup_follows_the_first_sync_only_when_asked(
+    proxy_chart: helm_python.Chart,
+) -> None:
+    """The proxy itself removes kube-proxy's leftovers once it serves (no init container that
+    would remove them before): the flag its CLI parses, NET_RAW and the xtables lock."""
+    plain = daemonset({}, proxy_chart)
+    assert "--cleanup-kube-proxy" not in container(plain)["command"]
+    ds = daemonset({"cleanupKubeProxy": True}, proxy_chart)
+    pod = ds["spec"]["template"]["spec"]
+    assert "initContainers" not in pod
+    c = container(ds)
+    assert c["command"][0] == "lace-proxy"
+    args = build_parser().parse_args(c["command"][1:])
+    assert args.func is cmd_run and args.cleanup_kube_proxy is True
+    sc = c["securityContext"]
     assert sc["privileged"] is False and sc["readOnlyRootFilesystem"] is True
     assert sc["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN", "NET_RAW"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
-    [mount] = init["volumeMounts"]
-    assert mount["mountPath"] == "/run/xtables.lock"
+    [mount] = [m for m in c["volumeMounts"] if m["mountPath"] == "/run/xtables.lock"]
     assert volumes[mount["name"]]["hostPath"] == {
         "path": "/run/xtables.lock",
         "type": "FileOrCreate",

@@ -220,3 +220,28 @@ def test_a_table_held_by_someone_else_is_retried_with_backoff_until_released(
 
 def _ruleset(tb: Testbed) -> bytes:
     return tb.exec(tb.node, ["nft", "list", "ruleset"]).stdout.encode()
+
+
+def test_the_takeover_runs_once_when_the_first_sync_serves(tb: Testbed) -> None:
+    """`run --cleanup-kube-proxy`'s hook: called once, after the first sync succeeded (the
+    kernel then serves every endpoint), and a full sync follows it."""
+    seen: list[set[str]] = []
+    backend = NftablesBackend(NftablesSettings(), Nft(tb.node.ns.name))
+
+    def takeover() -> None:
+        seen.append(set(names([request_tcp(tb.client, VIP4, 80, timeout=0.5) for _ in range(20)])))
+
+    proxier = Proxier(
+        ServiceTable(NODE), backend, sources=["a", "b"], min_sync_period=0.05, takeover=takeover
+    )
+
+    async def scenario() -> None:
+        web(tb, proxier)
+        proxier.synced("a")
+        proxier.synced("b")
+        await eventually(lambda: proxier.stats.full_syncs == 2)
+        proxier.slice_upserted(parse_endpoint_slice(endpoints("web", tb.pods[:1])))
+        await eventually(lambda: proxier.table.pending == 0 and proxier.stats.syncs == 3)
+        assert seen == [{"pod1", "pod2", "pod3"}]
+
+    run(proxier, scenario)
