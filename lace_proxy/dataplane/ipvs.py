@@ -14,8 +14,9 @@ previous process's services and established connections carry on. A new address 
 onto the dummy interface only once IPVS holds its virtual services with their real servers
 (`_add_to_dummy`), so a frontend is never the node's own without them. A real server that
 leaves is first set to weight 0 (no new connections) and deleted once its connections have
-drained, or after `grace_period`. Ownership: virtual services on the dummy interface's
-addresses, and on node addresses within the NodePort range; nothing else is touched.
+drained (as kube-proxy), or after `grace_period` if one is set. Ownership: virtual services
+on the dummy interface's addresses, and on node addresses within the NodePort range; nothing
+else is touched.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 import logging
+import math
 import os
 import socket
 import sys
@@ -34,12 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
-from pyroute2 import IPVS, IPRoute, IPVSDest, IPVSService
+from pyroute2 import IPVS, Conntrack, IPRoute, IPVSDest, IPVSService
 from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST, genlmsg
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.generic import ipvs as genl_ipvs
+from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
 
-from lace_proxy.dataplane.conntrack import Filter
+from lace_proxy.dataplane.conntrack import Filter, UdpFlow
 from lace_proxy.dataplane.nft import enter_netns
 from lace_proxy.dataplane.nftables import NO_NETWORKS, NftablesBackend
 from lace_proxy.networks.graph import NetworkLayout
@@ -72,7 +75,9 @@ class IpvsSettings:
     scheduler: str = "rr"
     interface: str = "lace-ipvs0"
     node_port_range: tuple[int, int] = (30000, 32767)
-    grace_period: float = 30.0  # seconds a removed real server may keep its connections
+    # Seconds a removed TCP real server may keep its connections; by default until they are
+    # gone, as kube-proxy's graceful termination (a forced deletion resets live ones).
+    grace_period: float = math.inf
     strict_arp: bool = False
     #: ipvs.excludeCIDRs: stale virtual services on these addresses are left alone by syncs
     #: and cleanup (kube-proxy's meaning); the table's own services are still programmed.
@@ -459,8 +464,7 @@ class IpvsBackend:
         drop the next packet of each flow that still holds one (ip_vs_in: "old conntrack")."""
         if not gone:
             return 0
-        flows = [_flows_to(vs, server) for vs, server in gone]
-        self.nft.rescue_udp_replies(flows)
+        flows = self.nft.rescue_udp_replies([_flows_to(vs, server) for vs, server in gone])
         count = 0
         for vs, server in gone:
             try:
@@ -468,8 +472,12 @@ class IpvsBackend:
                 count += 1
             except RuntimeError as exc:
                 failed.append(str(exc))
+        # At once, over netlink (a packet in between is dropped), then whatever appeared
+        # since the listing, by endpoint (a flow of another virtual service that keeps the
+        # server just makes a new entry).
+        _delete_conntrack(flows)
         if self.nft.conntrack is not None:
-            self.nft.conntrack.delete_udp(flows)
+            self.nft.conntrack.delete_udp(sorted({_flows_to(None, s) for _, s in gone}))
         return count
 
     def _converge_one(
@@ -650,21 +658,35 @@ def _service(vs: VirtualServer, target: Target) -> Any:
     return IPVSService(**fields)
 
 
-def _flows_to(vs: VirtualServer, server: tuple[str, int]) -> Filter:
-    """The conntrack filter of a virtual service's flows to one real server (IPVS mode keeps
-    conntrack entries, their reply tuple the real server's: net.ipv4.vs.conntrack)."""
-    family = ("-f", "ipv6") if ":" in vs.address else ()
-    return (
-        *family,
-        "--orig-dst",
-        vs.address,
-        "--orig-port-dst",
-        str(vs.port),
-        "--reply-src",
-        server[0],
-        "--reply-port-src",
-        str(server[1]),
-    )
+def _flows_to(vs: VirtualServer | None, server: tuple[str, int]) -> Filter:
+    """The conntrack filter of a virtual service's flows to one real server, or of all its
+    flows (`vs` None). IPVS mode keeps conntrack entries, their reply tuple the real
+    server's (net.ipv4.vs.conntrack)."""
+    family = ("-f", "ipv6") if ":" in server[0] else ()
+    frontend = () if vs is None else ("--orig-dst", vs.address, "--orig-port-dst", str(vs.port))
+    return (*family, *frontend, "--reply-src", server[0], "--reply-port-src", str(server[1]))
+
+
+def _delete_conntrack(flows: list[UdpFlow]) -> None:
+    """Delete these UDP conntrack entries by their original tuple (one netlink socket, on
+    this thread's namespace); one already gone is fine."""
+    if not flows:
+        return
+    with Conntrack() as ct:
+        for f in flows:
+            origin = NFCTAttrTuple(
+                family=socket.AF_INET6 if f.family == 6 else socket.AF_INET,
+                saddr=f.client,
+                daddr=f.frontend,
+                proto=socket.IPPROTO_UDP,
+                sport=f.client_port,
+                dport=f.frontend_port,
+            )
+            try:
+                ct.entry("del", tuple_orig=origin)
+            except NetlinkError as exc:
+                if exc.code != errno.ENOENT:
+                    log.warning("conntrack: deleting %s failed: %s", f, exc)
 
 
 def _dest(server: tuple[str, int], weight: int) -> Any:

@@ -48,6 +48,7 @@ from lace_proxy.dataplane.conntrack import (
     Conntrack,
     Filter,
     StaleFlows,
+    UdpFlow,
     stale_udp_filters,
     stale_udp_filters_by_elements,
 )
@@ -1276,12 +1277,12 @@ class NftablesBackend:
         self.rescue_udp_replies(stale.moved)
         self.conntrack.delete_udp([*stale.moved, *stale.untranslated])
 
-    def rescue_udp_replies(self, moved: list[Filter]) -> None:
+    def rescue_udp_replies(self, moved: list[Filter]) -> list[UdpFlow]:
         """Rescue the replies in flight of the UDP flows these filters select, which are
         about to lose their translation: their conntrack entries deleted here, or in IPVS
-        mode their real server (rescue.py)."""
+        mode their real server (rescue.py). Returns the flows."""
         if self.conntrack is None or not moved:
-            return
+            return []
         flows = self.conntrack.list_udp(moved)
         rescued = min(len(flows), rescue.LIMIT)
         tx = rescue.transaction(self.settings.table, flows)
@@ -1293,6 +1294,7 @@ class NftablesBackend:
                 log.warning("nftables: replies in flight of moved UDP flows not rescued: %s", exc)
         if flows and self._udp_flows_moved is not None:
             self._udp_flows_moved(rescued, len(flows) - rescued)
+        return flows
 
     def node_addresses_changed(self, addresses: tuple[str, ...]) -> bool:
         """The node's own addresses changed; True when the next sync must be a full one.
