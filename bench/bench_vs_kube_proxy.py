@@ -101,10 +101,8 @@ from testkit.kubeproxy import (  # noqa: E402
     node_object,
     remove_stale,
     ruleset,
-    spawn,
-    stop,
-    tail,
 )
+from testkit.process import spawn, stop, tail  # noqa: E402
 
 ENDPOINTS = 10
 OTHER_NODES = 100

@@ -24,7 +24,6 @@ namespaces and veths that the next `Netns` or `ApiLink` removes (`remove_stale`)
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import ipaddress
 import itertools
@@ -32,10 +31,8 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -44,13 +41,12 @@ from typing import Any
 import yaml
 
 from testkit.controlplane.build import Binaries, binaries
+from testkit.process import spawn, stop, tail
 
 #: ApiLink's /30s come from here; nothing else on these machines uses it.
 LINK_RANGE = ipaddress.ip_network("10.123.0.0/16")
 _LOCK = Path("/run/lock/lace-proxy-apilink.lock")
-_PR_SET_PDEATHSIG = 1
 #: Loaded here, not in a forked child: dlopen there could wait on a lock another thread held.
-_LIBC = ctypes.CDLL(None, use_errno=True)
 _NETNS_PATTERN = re.compile(r"lkp-([0-9a-f]+)-[0-9a-f]+")
 _VETH_PATTERN = re.compile(r"lkp([0-9a-f]+)x[0-9a-f]+")
 _names = itertools.count()
@@ -204,59 +200,6 @@ def ruleset(netns: str) -> list[dict[str, Any]]:
     """`nft -j list ruleset` inside `netns`: its objects (tables, chains, rules, sets...)."""
     out = _run(["ip", "netns", "exec", netns, "nft", "-j", "list", "ruleset"], timeout=600)
     return [obj for obj in json.loads(out)["nftables"] if "metainfo" not in obj]
-
-
-def die_with_parent() -> None:
-    """Runs in a child before exec: SIGKILL it when the thread that started it dies."""
-    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-def spawn(argv: Sequence[str], log: Path, cgroups: Sequence[Path] = ()) -> subprocess.Popen[bytes]:
-    """Start `argv` with its output appended to `log`. It gets SIGKILL when the thread that
-    started it dies (PR_SET_PDEATHSIG), and it joins each cgroup directory in `cgroups` before
-    exec, so the whole process tree is accounted there from its first instruction."""
-    procs = [os.fspath(Path(group) / "cgroup.procs") for group in cgroups]
-
-    def before_exec() -> None:
-        die_with_parent()
-        for path in procs:
-            fd = os.open(path, os.O_WRONLY)
-            try:
-                os.write(fd, str(os.getpid()).encode())
-            finally:
-                os.close(fd)
-
-    with open(log, "ab") as out:
-        out.write(f"\n=== start {time.strftime('%H:%M:%S')}: {' '.join(argv)}\n".encode())
-        out.flush()
-        return subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            preexec_fn=before_exec,
-            start_new_session=True,  # a terminal's ^C reaches the test runner, which cleans up
-        )
-
-
-def tail(log: Path, lines: int = 40) -> str:
-    """The last `lines` of a log file, for failure messages."""
-    try:
-        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def stop(popen: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
-    """SIGTERM, then SIGKILL after `timeout`; returns the exit status."""
-    if popen.poll() is None:
-        popen.terminate()
-        try:
-            popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            popen.kill()
-            popen.wait()
-    return popen.returncode
 
 
 def _merged(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:

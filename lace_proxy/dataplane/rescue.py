@@ -85,14 +85,14 @@ def chains() -> list[str]:
     ]
 
 
-def transaction(table: str, flows: Iterable[UdpFlow]) -> Transaction:
+def transaction(table: str, flows: Iterable[UdpFlow], limit: int = LIMIT) -> Transaction:
     """The batch that rescues these flows' replies (empty for none). A key still held from a
     move less than SECONDS ago with another value makes the kernel refuse the batch: the
     caller then moves the flows unrescued, as kube-proxy does."""
     elements: dict[str, dict[str, str]] = {c: {} for c in CONTAINERS}
     for count, f in enumerate(flows):
-        if count == LIMIT:
-            log.info("conntrack: more than %d UDP flows moved at once; the rest unrescued", LIMIT)
+        if count == limit:
+            log.info("conntrack: more than %d UDP flows moved at once; the rest unrescued", limit)
             break
         v = f"v{f.family}"
         pod = f"{f.pod} . {f.pod_port}"

@@ -21,13 +21,11 @@ as ``sans``, and write its kubeconfig with ``server=`` that address.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import ipaddress
 import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -43,6 +41,7 @@ from typing import Any
 import yaml
 
 from testkit.controlplane.build import Binaries, binaries
+from testkit.process import spawn, stop, tail
 
 #: A /16, not envtest's /24: the benchmarks hold 30k Services. The /112 makes it dual stack.
 SERVICE_CIDRS = ("10.96.0.0/16", "fd00:10:96::/112")
@@ -54,7 +53,6 @@ DNS_NAMES = (
     "kubernetes.default.svc",
     "kubernetes.default.svc.cluster.local",
 )
-_PR_SET_PDEATHSIG = 1
 _PREFIX = "lace-controlplane-"
 
 _OPENSSL_CONFIG = """\
@@ -85,12 +83,6 @@ authorityKeyIdentifier = keyid
 
 class ControlPlaneError(RuntimeError):
     """A process did not start or become ready; the message carries its log's tail."""
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGKILL it when the parent (thread) dies."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _sweep_stale() -> None:
@@ -131,17 +123,7 @@ class _Process:
         self.popen: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        with open(self.log, "ab") as out:
-            out.write(f"\n=== start {time.strftime('%H:%M:%S')}: {' '.join(self.argv)}\n".encode())
-            out.flush()
-            self.popen = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,
-                start_new_session=True,  # a terminal's ^C reaches pytest, which cleans up
-            )
+        self.popen = spawn(self.argv, self.log)
 
     def check_alive(self) -> None:
         if self.popen is None or self.popen.poll() is not None:
@@ -149,21 +131,12 @@ class _Process:
             raise ControlPlaneError(f"{self.name} exited ({code}):\n{self.tail()}")
 
     def tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return tail(self.log, lines)
 
     def stop(self, timeout: float = 15.0) -> None:
         popen, self.popen = self.popen, None
-        if popen is None or popen.poll() is not None:
-            return
-        popen.terminate()
-        try:
-            popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            popen.kill()
-            popen.wait()
+        if popen is not None:
+            stop(popen, timeout)
 
 
 class ControlPlane:

@@ -49,13 +49,12 @@ def test_a_masqueraded_flow_is_translated_back_in_four_steps() -> None:
     ]
 
 
-def test_no_flows_no_batch_and_a_bounded_one(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_flows_no_batch_and_a_bounded_one() -> None:
     assert not rescue.transaction("lace-proxy", [])
     flows = [
         UdpFlow(6, "fd00::7", port, "fd00:96::53", 53, "fd00:251::11", 5300, "fd00::7", port)
         for port in range(40000, 40010)
     ]
-    monkeypatch.setattr(rescue, "LIMIT", 4)
-    tx = rescue.transaction("t", flows)
+    tx = rescue.transaction("t", flows, limit=4)
     assert [c.count(" : ") for c in tx.commands] == [4, 4, 4, 4]
     assert all("-v6 {" in c for c in tx.commands)
