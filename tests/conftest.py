@@ -8,6 +8,10 @@ from types import ModuleType
 
 import pytest
 
+from .kubekit import admin, control_plane, cuts, fault_proxy, namespace, real_kube
+
+__all__ = ["admin", "control_plane", "cuts", "fault_proxy", "namespace", "real_kube"]  # fixtures
+
 
 def _twin(name: str) -> ModuleType:
     try:

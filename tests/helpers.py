@@ -10,18 +10,6 @@ from typing import Any
 
 from lace_proxy.metrics import ProxyMetrics
 from lace_proxy.model import EndpointSlice, Node, Service, ServiceCIDR
-from lace_proxy.sources.kube import Timing
-
-#: The kube source's timing for the API emulator, whose bookmarks come every 0.2 s: short
-#: reads notice a stalled server fast.
-EMULATOR_TIMING = Timing(
-    connect_timeout=1.0,
-    read_timeout=1.5,
-    watch_timeout=30,
-    backoff_initial=0.05,
-    backoff_max=0.3,
-    rediscover=0.2,
-)
 
 
 class Recorder:

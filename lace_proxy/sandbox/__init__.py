@@ -3,6 +3,4 @@
 - `testbed`: a network-namespace sandbox (a node, pods with who-am-I servers, a client and a
   router); `lace-proxy sandbox` and the traffic tests use it, so what a newcomer sees is
   what the tests assert on. Needs root; creates nothing outside its own namespaces.
-- `apiserver`: a Kubernetes API emulator speaking the real list/watch protocol over HTTP on
-  loopback, with fault injection, for testing the API source.
 """

@@ -458,7 +458,8 @@ class ControlPlane:
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         path.chmod(0o600)
 
-    def _ssl(self) -> ssl.SSLContext:
+    def admin_ssl_context(self) -> ssl.SSLContext:
+        """TLS as the admin: trusts the test CA, presents the admin's client certificate."""
         context = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
         context.load_cert_chain(self.pki / "admin.crt", self.pki / "admin.key")
         return context
@@ -467,7 +468,9 @@ class ControlPlane:
         """A raw GET as admin (status, body): for what the typed client hides."""
         request = urllib.request.Request(self.url + path)
         try:
-            with urllib.request.urlopen(request, timeout=timeout, context=self._ssl()) as reply:
+            with urllib.request.urlopen(
+                request, timeout=timeout, context=self.admin_ssl_context()
+            ) as reply:
                 return reply.status, reply.read()
         except urllib.error.HTTPError as error:
             return error.code, error.read()

@@ -1,7 +1,7 @@
 """The real control plane (testkit.controlplane) serves what the proxy's watcher relies on.
 
-These run against kube-apiserver v1.37.2 and etcd v3.7, built from the Go module proxy, not
-against the emulator: lists and watches, ServiceCIDRs with the API's own validation, and RBAC
+These run against kube-apiserver v1.37.2 and etcd v3.7, built from the Go module proxy: lists
+and watches, ServiceCIDRs with the API's own validation, and RBAC
 refusing a ServiceAccount what its ClusterRole does not grant.
 """
 
