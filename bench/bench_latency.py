@@ -2,7 +2,7 @@
 
     python bench/bench_latency.py [--sizes 100,30000] [--connects 400] [--json]
 
-A namespace testbed (client → node → pod, lace_proxy.sandbox.testbed) has the node's
+A namespace testbed (client → node → pod, lace_proxy.demo.testbed) has the node's
 nftables programmed with bench_scale's synthetic cluster of each size plus one probe
 service whose ClusterIP leads to the testbed's pod. The client then opens `--connects` new
 TCP connections to the probe's ClusterIP, one at a time, each from a fresh source port: the
@@ -30,9 +30,9 @@ from bench_scale import POD_CIDR, THIS_NODE, THIS_ZONE, make_cluster
 
 from lace_proxy.dataplane.nft import Nft
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.demo.testbed import Host, Testbed
 from lace_proxy.model.endpointslice import SERVICE_NAME_LABEL, Endpoint, EndpointPort, EndpointSlice
 from lace_proxy.model.service import Service, ServicePort
-from lace_proxy.sandbox.testbed import Host, Testbed
 from lace_proxy.table import ServiceTable
 
 PROBE_VIP = "10.95.0.1"

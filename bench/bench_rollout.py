@@ -39,7 +39,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from lace_proxy.sandbox.testbed import Testbed  # noqa: E402
+from lace_proxy.demo.testbed import Testbed  # noqa: E402
 from tests.netns.proxykit import Harness  # noqa: E402
 from tests.netns.rollout import (  # noqa: E402
     ECHO_PORT,

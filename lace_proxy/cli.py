@@ -1095,7 +1095,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
-    from lace_proxy.sandbox.demo import example_manifests, run_demo
+    from lace_proxy.demo.sandbox import example_manifests, run_demo
 
     if args.manifests is None:
         with example_manifests() as manifests:
@@ -1455,7 +1455,7 @@ same endpoint until they close.""",
         "--manifests",
         metavar="DIR",
         help="the manifest folder to serve (default: the example folder shipped in the "
-        "package, lace_proxy/sandbox/manifests)",
+        "package, lace_proxy/demo/manifests)",
     )
     sandbox.add_argument("--requests", type=int, default=4, help="requests per frontend")
     sandbox.add_argument(

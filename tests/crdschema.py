@@ -4,9 +4,13 @@ would: shared by the CRD tests and the networks chart's tests."""
 from __future__ import annotations
 
 import ipaddress
+from pathlib import Path
 from typing import Any
 
 import jsonschema
+import yaml
+
+from lace_proxy.model import LACE_GROUP_VERSION
 
 
 def json_schema(node: Any) -> Any:
@@ -37,3 +41,27 @@ def _is_cidr(value: object) -> bool:
 def validator(open_api_v3_schema: dict[str, Any]) -> jsonschema.Draft4Validator:
     """A validator of one CRD version's openAPIV3Schema."""
     return jsonschema.Draft4Validator(json_schema(open_api_v3_schema), format_checker=FORMATS)
+
+
+CRD_DIR = Path(__file__).resolve().parents[1] / "charts" / "lace-networks" / "crds"
+GROUP, VERSION = LACE_GROUP_VERSION.split("/")
+
+
+def _load_crds() -> dict[str, tuple[Path, dict[str, Any]]]:
+    crds = {}
+    for path in sorted(CRD_DIR.glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        crds[doc["spec"]["names"]["kind"]] = (path, doc)
+    return crds
+
+
+CRDS = _load_crds()
+
+
+def schema_of(kind: str) -> dict[str, Any]:
+    return CRDS[kind][1]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def kind_validator(kind: str) -> jsonschema.Draft4Validator:
+    """The validator of a Lace kind's CRD, as the chart ships it."""
+    return validator(schema_of(kind))

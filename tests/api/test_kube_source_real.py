@@ -42,8 +42,8 @@ from testkit.controlplane.cluster import ControlPlane
 from testkit.controlplane.faultproxy import FaultProxy
 from testkit.controlplane.faults import Cut, compact_etcd, etcd_history_kept
 
-from ..charts.conftest import NETWORKS_CHART, PROXY_CHART, render
-from ..charts.test_lace_networks_chart import VALUE_SETS
+from ..charts.conftest import NETWORKS_CHART, PROXY_CHART, VALUE_SETS, render
+from ..crdschema import kind_validator
 from ..helpers import Recorder, api_service_cidr, eventually
 from ..kubekit import (
     REAL,
@@ -61,9 +61,8 @@ from ..kubekit import (
     unique,
     where,
 )
+from ..lacecases import ALL_ERRORS, SCHEMA_GAPS, VALID, mutated
 from ..lacekit import external, l3, routing, service_binding, service_routing
-from ..unit.test_crds import SCHEMA_GAPS, VALID, validator
-from ..unit.test_lace_model import ALL_ERRORS, mutated
 
 
 @pytest.fixture(scope="module")
@@ -714,7 +713,7 @@ def test_the_crds_accept_valid_lace_objects_and_refuse_invalid_ones(
             assert status == 201, case  # a gap: the model is the only check
         else:
             assert status != 201, case
-        if (status == 201) != validator(obj["kind"]).is_valid(obj):
+        if (status == 201) != kind_validator(obj["kind"]).is_valid(obj):
             disagreements.append(case)
     assert set(disagreements) == REFUSED_BY_OBJECT_META
 

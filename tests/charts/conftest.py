@@ -25,6 +25,49 @@ NETWORKS_CHART = CHARTS / "lace-networks"
 RELEASE = "lace"
 NAMESPACE = "kube-system"
 
+#: The lace-networks chart's value sets under test (and the real apiserver's CRD tests).
+HOST_LOCAL = {"hostLocalNetwork": {"enabled": True}}
+ROUTED = {**HOST_LOCAL, "hostLocalRouting": {"enabled": True}}
+ROUTED_TO_OTHER = {
+    **HOST_LOCAL,
+    "hostLocalRouting": {"enabled": True, "dest": "other"},
+    "extraNetworks": [
+        {"name": "other", "spec": {"type": "l3", "ipv4Subnet": {"prefix": "10.245.0.0/16"}}}
+    ],
+}
+DUAL_STACK = {"defaultNetwork": {"ipv6Subnet": {"prefix": "fd00:10:244::/56"}}}
+IPV6_ONLY = {
+    "defaultNetwork": {
+        "name": "pods",
+        "type": "l2",
+        "ipv4Subnet": {"prefix": ""},
+        "ipv6Subnet": {"prefix": "fd00:10:244::/56"},
+        "labels": {"tier": "pods"},
+    },
+    "internet": {"enabled": False},
+}
+EXTRA = {
+    "commonLabels": {"team": "net"},
+    "extraNetworks": [
+        {
+            "name": "corp",
+            "labels": {"zone": "a"},
+            "spec": {"type": "external", "externalPrefixes": ["192.0.2.0/24", "2001:db8::/32"]},
+        },
+        {"name": "storage", "spec": {"type": "l2", "ipv6Subnet": {"prefix": "fd00:20::/64"}}},
+    ],
+}
+
+VALUE_SETS = {
+    "defaults": {},
+    "host-local": HOST_LOCAL,
+    "routed": ROUTED,
+    "routed-to-other": ROUTED_TO_OTHER,
+    "dual-stack": DUAL_STACK,
+    "ipv6-only": IPV6_ONLY,
+    "extra": EXTRA,
+}
+
 #: helm lint severities (0 unknown, 1 info, 2 warning, 3 error).
 WARNING = 2
 

@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from lace_proxy.sandbox.cluster import ClusterTestbed
-from lace_proxy.sandbox.testbed import Testbed, remove_stale_namespaces
+from lace_proxy.demo.testbed import Testbed, remove_stale_namespaces
+from testkit.cluster_testbed import ClusterTestbed
 
 
-def _skip_unless_capable() -> None:
+def skip_unless_capable() -> None:
     if os.geteuid() != 0:
         pytest.skip("netns tests need root (network namespaces, veth pairs, nftables)")
     missing = [tool for tool in ("ip", "nft") if shutil.which(tool) is None]
@@ -42,19 +42,19 @@ def _stale_namespaces_removed() -> None:
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("netns") is not None:
-        _skip_unless_capable()
+        skip_unless_capable()
 
 
 @pytest.fixture
 def testbed() -> Iterator[Testbed]:
-    _skip_unless_capable()
+    skip_unless_capable()
     with Testbed() as tb:
         yield tb
 
 
 @pytest.fixture(scope="session")
 def session_testbed() -> Iterator[Testbed]:
-    _skip_unless_capable()
+    skip_unless_capable()
     with Testbed() as tb:
         yield tb
 
@@ -62,7 +62,7 @@ def session_testbed() -> Iterator[Testbed]:
 @pytest.fixture
 def make_testbed() -> Iterator[Callable[..., Testbed]]:
     """Call with Testbed's keyword arguments, e.g. make_testbed(pods=3, ports=(53,))."""
-    _skip_unless_capable()
+    skip_unless_capable()
     with contextlib.ExitStack() as stack:
 
         def make(**kwargs: Any) -> Testbed:
@@ -74,6 +74,6 @@ def make_testbed() -> Iterator[Callable[..., Testbed]]:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[ClusterTestbed]:
     """Per module rather than per test: ten namespaces and nine servers take ~0.15 s to build."""
-    _skip_unless_capable()
+    skip_unless_capable()
     with ClusterTestbed() as tb:
         yield tb

@@ -4,6 +4,7 @@ against a testbed's node namespace, one sync at a time."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -13,12 +14,10 @@ import yaml
 
 from lace_proxy.dataplane.conntrack import Conntrack
 from lace_proxy.dataplane.ipvs import IpvsBackend, IpvsSettings
-from lace_proxy.dataplane.nft import Nft
+from lace_proxy.dataplane.nft import Nft, TableListing, Transaction
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
 from lace_proxy.dataplane.routes import PolicyRoutes, RoutingSettings
-from lace_proxy.model import Rejections
-from lace_proxy.proxier import Proxier
-from lace_proxy.sandbox.testbed import (
+from lace_proxy.demo.testbed import (
     POD_CIDR4,
     POD_CIDR6,
     Host,
@@ -27,6 +26,8 @@ from lace_proxy.sandbox.testbed import (
     request_tcp,
     request_udp,
 )
+from lace_proxy.model import Rejections
+from lace_proxy.proxier import Proxier
 from lace_proxy.sources.files import SOURCE_NAME, ManifestSource
 from lace_proxy.table import ServiceTable
 
@@ -34,6 +35,7 @@ NODE = "node-a"
 OTHER_NODE = "node-b"
 LB4, LB6 = "10.252.0.20", "fd00:252::20"
 EXT4, EXT6 = "10.252.0.30", "fd00:252::30"
+VIP4, VIP6 = "10.96.0.10", "fd00:96::10"
 
 
 def service(
@@ -184,3 +186,33 @@ def names(results: Sequence[Result]) -> Counter[str]:
 def many(where: Host, ip: str, port: int, n: int = 30, udp: bool = False) -> list[Result]:
     request = request_udp if udp else request_tcp
     return [request(where, ip, port) for _ in range(n)]
+
+
+def udp_exchange(sock: socket.socket, ip: str, port: int) -> str:
+    """One datagram from a fixed source port (the same conntrack flow each time)."""
+    sock.sendto(b"?", (ip, port))
+    try:
+        data, _ = sock.recvfrom(512)
+    except TimeoutError:
+        return "timeout"
+    except ConnectionRefusedError:  # the ICMP error of a reject
+        return "refused"
+    return data.decode().split()[0]
+
+
+class RecordingNft(Nft):
+    """The real nft, remembering each transaction it applied."""
+
+    def __init__(self, netns: str) -> None:
+        super().__init__(netns)
+        self.applied: list[Transaction] = []
+        self.listings = 0  # how often the table was listed with its elements
+
+    def list_table_text(self, family: str, table: str) -> TableListing | None:
+        self.listings += 1
+        return super().list_table_text(family, table)
+
+    def apply(self, tx: Transaction) -> None:
+        super().apply(tx)
+        if tx.commands:  # an empty one reaches no kernel
+            self.applied.append(tx)

@@ -14,32 +14,23 @@ from typing import Any
 
 import pytest
 
-from lace_proxy.dataplane.nft import Nft, TableListing, Transaction
 from lace_proxy.dataplane.nftables import NftablesBackend
-from lace_proxy.sandbox.testbed import CLIENT4, Testbed, request_tcp
+from lace_proxy.demo.testbed import CLIENT4, Testbed, request_tcp
 
-from .proxykit import EXT4, LB4, Harness, endpoints, names, service
-from .test_nftables_proxy import VIP4, VIP6, udp_exchange
+from .proxykit import (
+    EXT4,
+    LB4,
+    VIP4,
+    VIP6,
+    Harness,
+    RecordingNft,
+    endpoints,
+    names,
+    service,
+    udp_exchange,
+)
 
 pytestmark = pytest.mark.netns
-
-
-class RecordingNft(Nft):
-    """The real nft, remembering each transaction it applied."""
-
-    def __init__(self, netns: str) -> None:
-        super().__init__(netns)
-        self.applied: list[Transaction] = []
-        self.listings = 0  # how often the table was listed with its elements
-
-    def list_table_text(self, family: str, table: str) -> TableListing | None:
-        self.listings += 1
-        return super().list_table_text(family, table)
-
-    def apply(self, tx: Transaction) -> None:
-        super().apply(tx)
-        if tx.commands:  # an empty one reaches no kernel
-            self.applied.append(tx)
 
 
 @pytest.fixture

@@ -8,7 +8,16 @@ from collections.abc import Callable
 
 import pytest
 
-from lace_proxy.sandbox.cluster import (
+from lace_proxy.demo.testbed import (
+    ESCAPE_ICMP4,
+    Icmp,
+    Result,
+    list_netns,
+    remove_stale_namespaces,
+    request_tcp,
+    request_udp,
+)
+from testkit.cluster_testbed import (
     A1_4,
     A2_4,
     ABLUE4,
@@ -20,15 +29,6 @@ from lace_proxy.sandbox.cluster import (
     NODE_A4,
     NODE_B4,
     ClusterTestbed,
-)
-from lace_proxy.sandbox.testbed import (
-    ESCAPE_ICMP4,
-    Icmp,
-    Result,
-    list_netns,
-    remove_stale_namespaces,
-    request_tcp,
-    request_udp,
 )
 
 pytestmark = pytest.mark.netns

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from lace_proxy.cli import main
-from lace_proxy.sandbox.testbed import Testbed
+from lace_proxy.demo.testbed import Testbed
 
 pytestmark = pytest.mark.netns
 

@@ -21,10 +21,11 @@ import yaml
 from lace_proxy.cli import main
 from lace_proxy.dataplane.egress import EgressSettings, EgressSnat
 from lace_proxy.dataplane.nft import Nft
+from lace_proxy.demo.testbed import Result, request_tcp, request_udp
 from lace_proxy.egress.controller import EgressController
 from lace_proxy.metrics import ProxyMetrics
-from lace_proxy.sandbox.cluster import A1_4, B1_4, FAR4, NEAR4, NEAR_CIDR4, NODE_A4, NODE_B4
-from lace_proxy.sandbox.egress import (
+from testkit.cluster_testbed import A1_4, B1_4, FAR4, NEAR4, NEAR_CIDR4, NODE_A4, NODE_B4
+from testkit.egress_testbed import (
     A1_6,
     AX4,
     AX6,
@@ -42,10 +43,9 @@ from lace_proxy.sandbox.egress import (
     UPLINK_A4,
     EgressTestbed,
 )
-from lace_proxy.sandbox.testbed import Result, request_tcp, request_udp
 
 from ..lacekit import external, l3
-from .conftest import _skip_unless_capable
+from .conftest import skip_unless_capable
 from .proxykit import Harness, endpoints, service
 
 pytestmark = pytest.mark.netns
@@ -56,7 +56,7 @@ POD_CIDRS = ("10.251.0.0/16", "10.254.0.0/16")
 
 @pytest.fixture(scope="module")
 def tb() -> Iterator[EgressTestbed]:
-    _skip_unless_capable()
+    skip_unless_capable()
     with EgressTestbed() as testbed:
         yield testbed
 

@@ -13,7 +13,7 @@ import pytest
 
 from lace_proxy.cli import main
 from lace_proxy.dataplane.nftables import _h
-from lace_proxy.sandbox.testbed import (
+from lace_proxy.demo.testbed import (
     CLIENT4,
     POD_CIDR4,
     POD_CIDR6,

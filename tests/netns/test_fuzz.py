@@ -21,12 +21,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from lace_proxy.dataplane.nft import Transaction
+from lace_proxy.demo.testbed import Testbed
 from lace_proxy.model.load import load_manifests
-from lace_proxy.sandbox.testbed import Testbed
 
 from ..lacekit import GV, external, l3, routing, selector, service_binding, service_routing
-from .proxykit import NODE, Harness
-from .test_adoption import RecordingNft
+from .proxykit import NODE, Harness, RecordingNft
 
 pytestmark = pytest.mark.netns
 

@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 import pytest
 import uvloop
 
+from lace_proxy.demo.testbed import UPLINK_NODE4, UPLINK_NODE6, Netns, Testbed
 from lace_proxy.health import ProxierHealth, ProxyServers, ServiceHealthServers
 from lace_proxy.metrics import ProxyMetrics
-from lace_proxy.sandbox.testbed import UPLINK_NODE4, UPLINK_NODE6, Netns, Testbed
 
 pytestmark = pytest.mark.netns
 

@@ -15,10 +15,10 @@ import pytest
 from lace_proxy.dataplane.conntrack import Conntrack
 from lace_proxy.dataplane.nft import Nft
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.demo.testbed import POD_CIDR4, Testbed, request_tcp
 from lace_proxy.health import ProxierHealth
 from lace_proxy.metrics import ProxyMetrics
 from lace_proxy.proxier import Proxier
-from lace_proxy.sandbox.testbed import POD_CIDR4, Testbed, request_tcp
 from lace_proxy.sources.kube import SOURCE_NAME, ApiConnection, KubeSource
 from lace_proxy.table import ServiceTable
 from testkit.controlplane.cluster import ControlPlane

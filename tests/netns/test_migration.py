@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
-from lace_proxy.sandbox.testbed import Testbed, request_tcp
+from lace_proxy.demo.testbed import Testbed, request_tcp
 
 pytestmark = pytest.mark.netns
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from lace_proxy.sandbox.testbed import (
+from lace_proxy.demo.testbed import (
     POD_CIDR4,
     POD_CIDR6,
     SERVICE_CIDR4,

@@ -15,7 +15,7 @@ import pytest
 
 from lace_proxy.cli import nftables_settings
 from lace_proxy.config import load_config
-from lace_proxy.sandbox.testbed import (
+from lace_proxy.demo.testbed import (
     CLIENT4,
     CLIENT6,
     GWLINK_NODE4,
@@ -42,11 +42,14 @@ from .proxykit import (
     LB6,
     NODE,
     OTHER_NODE,
+    VIP4,
+    VIP6,
     Harness,
     endpoints,
     many,
     names,
     service,
+    udp_exchange,
 )
 
 pytestmark = pytest.mark.netns
@@ -54,7 +57,6 @@ pytestmark = pytest.mark.netns
 TRANSLATED_HERE = "IPVS mode has no nftables state of this kind"
 
 FAMILIES = pytest.mark.parametrize("v6", [False, True], ids=["ipv4", "ipv6"])
-VIP4, VIP6 = "10.96.0.10", "fd00:96::10"
 
 
 def vip(v6: bool) -> str:
@@ -435,18 +437,6 @@ def test_full_resync_matches_incremental_state(proxy: Harness) -> None:
     assert {k: v for k, v in incremental.elements.items() if not k.startswith("aff-")} == {
         k: v for k, v in full.elements.items() if not k.startswith("aff-")
     }
-
-
-def udp_exchange(sock: socket.socket, ip: str, port: int) -> str:
-    """One datagram from a fixed source port (the same conntrack flow each time)."""
-    sock.sendto(b"?", (ip, port))
-    try:
-        data, _ = sock.recvfrom(512)
-    except TimeoutError:
-        return "timeout"
-    except ConnectionRefusedError:  # the ICMP error of a reject
-        return "refused"
-    return data.decode().split()[0]
 
 
 @pytest.mark.nftables_only("conntrack cleanup; IPVS expires flows to removed real servers itself")

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from lace_proxy.dataplane.routes import RoutingSettings
-from lace_proxy.sandbox.cluster import (
+from lace_proxy.demo.testbed import Host, Result, request_tcp
+from testkit.cluster_testbed import (
     A1_4,
     ABLUE4,
     B1_4,
@@ -30,7 +31,6 @@ from lace_proxy.sandbox.cluster import (
     UNDERLAY_CIDR4,
     ClusterTestbed,
 )
-from lace_proxy.sandbox.testbed import Host, Result, request_tcp
 
 from ..conftest import MODES
 from ..lacekit import external, l3, net, routing, service_binding, service_routing

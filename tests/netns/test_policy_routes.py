@@ -9,9 +9,7 @@ from pathlib import Path
 import pytest
 
 from lace_proxy.dataplane.routes import PolicyRoutes, Route, RoutingSettings, Rule
-from lace_proxy.model import parse_object
-from lace_proxy.networks.graph import NetworkGraph, NetworkLayout
-from lace_proxy.sandbox.testbed import (
+from lace_proxy.demo.testbed import (
     GWLINK_NODE4,
     SERVICE_CIDR4,
     SERVICE_CIDR6,
@@ -19,6 +17,8 @@ from lace_proxy.sandbox.testbed import (
     UPLINK_NODE6,
     Testbed,
 )
+from lace_proxy.model import parse_object
+from lace_proxy.networks.graph import NetworkGraph, NetworkLayout
 
 from ..lacekit import external
 from .proxykit import NODE, Harness, endpoints, service

@@ -12,16 +12,15 @@ import pytest
 
 from lace_proxy.dataplane.nft import Nft
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.demo.testbed import Testbed, request_tcp
 from lace_proxy.health import ProxierHealth
 from lace_proxy.metrics import ProxyMetrics
 from lace_proxy.model.parse import parse_endpoint_slice, parse_service
 from lace_proxy.proxier import Proxier
-from lace_proxy.sandbox.testbed import Testbed, request_tcp
 from lace_proxy.table import ServiceTable
 
 from ..helpers import eventually
-from .proxykit import NODE, endpoints, names, service
-from .test_nftables_proxy import VIP4
+from .proxykit import NODE, VIP4, endpoints, names, service
 
 pytestmark = pytest.mark.netns
 

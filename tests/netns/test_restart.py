@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from lace_proxy.sandbox.testbed import Result, Testbed, request_tcp
+from lace_proxy.demo.testbed import Result, Testbed, request_tcp
 
 from ..conftest import MODES
 from .proxykit import endpoints, service
-from .test_run import run_argv, wait_for, write
+from .runkit import run_argv, wait_for, write
 
 pytestmark = pytest.mark.netns
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from lace_proxy.sandbox.testbed import Testbed
+from lace_proxy.demo.testbed import Testbed
 
 from ..conftest import MODES
 from .proxykit import Harness

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from lace_proxy.sandbox.demo import http_get, run_demo
-from lace_proxy.sandbox.testbed import (
+from lace_proxy.demo.sandbox import http_get, run_demo
+from lace_proxy.demo.testbed import (
     CLIENT4,
     POD_CIDR4,
     SERVICE_CIDR4,
@@ -28,46 +28,12 @@ from lace_proxy.sandbox.testbed import (
 
 from ..conftest import MODES
 from ..lacekit import l3
-from .proxykit import NODE, endpoints, names, service
-from .test_nftables_proxy import VIP4
+from .proxykit import NODE, VIP4, endpoints, names, service
+from .runkit import lace_proxy, run_argv, wait_for, write
 
 pytestmark = pytest.mark.netns
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "lace_proxy" / "sandbox" / "manifests"
-
-
-def wait_for(check: Callable[[], bool], timeout: float = 45.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.1)
-
-
-def lace_proxy(tb: Testbed, *args: str) -> list[str]:
-    return ["ip", "netns", "exec", tb.node.ns.name, sys.executable, "-m", "lace_proxy", *args]
-
-
-def run_argv(tb: Testbed, folder: Path, mode: str, state_socket: Path) -> list[str]:
-    """`lace-proxy run` on the node, following `folder` quickly, in `mode`."""
-    return lace_proxy(
-        tb,
-        "run",
-        "--manifests",
-        str(folder),
-        "--hostname-override",
-        NODE,
-        "--cluster-cidr",
-        POD_CIDR4,
-        "--min-sync-period",
-        "100ms",
-        "--poll-interval",
-        "0.1",
-        "--proxy-mode",
-        mode,
-        "--state-socket",
-        str(state_socket),
-    )
+EXAMPLES = Path(__file__).resolve().parents[2] / "lace_proxy" / "demo" / "manifests"
 
 
 @pytest.fixture(params=MODES)
@@ -89,14 +55,6 @@ def running(
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
         assert "Traceback" not in err, err
-
-
-def write(folder: Path, *objects: dict[str, object]) -> None:
-    import yaml
-
-    tmp = folder / ".web.tmp"
-    tmp.write_text(yaml.safe_dump_all(objects))
-    tmp.rename(folder / "web.yaml")  # atomic: the proxy never reads half a file
 
 
 def answers(tb: Testbed, n: int = 30) -> set[str]:

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from lace_proxy.sandbox.testbed import POD_CIDR4, UPLINK_NODE4, Testbed, request_tcp
+from lace_proxy.demo.testbed import POD_CIDR4, UPLINK_NODE4, Testbed, request_tcp
 from testkit.controlplane.cluster import ControlPlane
 from testkit.controlplane.pytest_plugin import _binaries
 from testkit.kubeproxy import ApiLink, KubeProxy, kube_proxy_config, node_object

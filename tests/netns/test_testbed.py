@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from lace_proxy.sandbox.testbed import (
+from lace_proxy.demo.testbed import (
     CLIENT4,
     CLIENT6,
     GW4,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lace_proxy.sandbox.testbed import UPLINK_NODE4, UPLINK_NODE6, Host, Testbed
+from lace_proxy.demo.testbed import UPLINK_NODE4, UPLINK_NODE6, Host, Testbed
 
 from ..conftest import MODES
 from .proxykit import LB4, LB6, Harness, endpoints, service

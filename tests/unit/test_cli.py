@@ -9,7 +9,7 @@ import pytest
 
 from lace_proxy.cli import main
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "lace_proxy" / "sandbox" / "manifests"
+EXAMPLES = Path(__file__).resolve().parents[2] / "lace_proxy" / "demo" / "manifests"
 
 
 def test_table_json_lists_every_frontend_with_backend_state(
@@ -127,8 +127,8 @@ def test_table_shows_networks_and_excluded_endpoints(
 def test_sandbox_serves_the_packaged_examples_unless_told_otherwise(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    import lace_proxy.sandbox
-    import lace_proxy.sandbox.demo
+    import lace_proxy.demo
+    import lace_proxy.demo.sandbox
 
     served: list[tuple[Path, list[str]]] = []
 
@@ -136,10 +136,10 @@ def test_sandbox_serves_the_packaged_examples_unless_told_otherwise(
         served.append((manifests, sorted(p.name for p in manifests.iterdir())))
         return 0
 
-    monkeypatch.setattr(lace_proxy.sandbox.demo, "run_demo", fake_demo)
+    monkeypatch.setattr(lace_proxy.demo.sandbox, "run_demo", fake_demo)
     assert main(["sandbox"]) == 0
     # The package's own folder (site-packages when installed), not one beside the checkout.
-    package = Path(lace_proxy.sandbox.__file__).parent
+    package = Path(lace_proxy.demo.__file__).parent
     assert served == [(package / "manifests", ["node.yaml", "web.yaml"])]
     assert main(["sandbox", "--manifests", str(tmp_path)]) == 0
     assert served[1] == (tmp_path, [])

@@ -10,45 +10,20 @@ rules: host bits may be set, a bare address is not a CIDR.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pytest
-import yaml
 
-from lace_proxy.model import LACE_GROUP_VERSION, LACE_KINDS, ValidationError, parse_object
+from lace_proxy.model import LACE_KINDS, ValidationError, parse_object
 
-from ..crdschema import validator as crd_validator
-from .test_lace_model import (
+from ..crdschema import CRDS, GROUP, VERSION, kind_validator, schema_of
+from ..lacecases import (
     ALL_ERRORS,
-    DEFAULT_NETWORK,
-    DELETE,
-    EXAMPLES,
-    HOST_LOCAL_PEERING,
-    PUBLIC_SERVICES,
+    SCHEMA_GAPS,
+    VALID,
     load,
     mutated,
 )
-
-CRD_DIR = Path(__file__).resolve().parents[2] / "charts" / "lace-networks" / "crds"
-GROUP, VERSION = LACE_GROUP_VERSION.split("/")
-
-
-def _load_crds() -> dict[str, tuple[Path, dict[str, Any]]]:
-    crds = {}
-    for path in sorted(CRD_DIR.glob("*.yaml")):
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-        crds[doc["spec"]["names"]["kind"]] = (path, doc)
-    return crds
-
-
-CRDS = _load_crds()
-
-
-def schema_of(kind: str) -> dict[str, Any]:
-    return CRDS[kind][1]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-
 
 # --- structure ----------------------------------------------------------------------------------
 
@@ -229,49 +204,12 @@ def test_network_shows_its_type() -> None:
 # --- the schemas agree with the model -----------------------------------------------------------
 
 
-def validator(kind: str) -> jsonschema.Draft4Validator:
-    return crd_validator(schema_of(kind))
-
-
-def _valid_variants() -> dict[str, dict[str, Any]]:
-    l2 = mutated(DEFAULT_NETWORK, "spec.type", "l2")
-    del l2["spec"]["ipv4Subnet"]
-    labels = {
-        "matchLabels": {"a": "", "example.com/B_c.d-9": "Z"},
-        "matchExpressions": [{"key": "x", "operator": "NotIn", "values": [""]}],
-    }
-    return {
-        **{name: load(text) for name, text in EXAMPLES.items()},
-        "l2-ipv6-only": l2,
-        "host-bits-set": mutated(DEFAULT_NETWORK, "spec.ipv4Subnet.prefix", "10.244.1.7/16"),
-        "select-everything": mutated(HOST_LOCAL_PEERING, "spec.srcSelector", {}),
-        "label-syntax": mutated(HOST_LOCAL_PEERING, "spec.destSelector", labels),
-        "all-services": mutated(PUBLIC_SERVICES, "spec.serviceSelector", DELETE),
-    }
-
-
-VALID = _valid_variants()
-
-
 @pytest.mark.parametrize("name", sorted(VALID))
 def test_valid_objects_pass_the_model_and_the_crd(name: str) -> None:
     obj = VALID[name]
     parse_object(obj)
-    errors = [error.message for error in validator(obj["kind"]).iter_errors(obj)]
+    errors = [error.message for error in kind_validator(obj["kind"]).iter_errors(obj)]
     assert errors == []
-
-
-#: (kind, field, value) of rejections the model makes that the schemas cannot: OpenAPI cannot
-#: check map keys, nor bound the two parts of a label key separately, and a CRD's schema may not
-#: restrict metadata.labels (the API server checks their syntax itself).
-SCHEMA_GAPS = [
-    ("Network", 'metadata.labels["lace-cni.io/network"]', "other"),
-    ("Network", 'metadata.labels["t"]', 1),
-    ("NetworkBindingPolicy", "spec.rules[0].selector.matchLabels", "bad key"),
-    ("NetworkRoutingPolicy", "spec.srcSelector.matchLabels", 1),
-    ("NetworkRoutingPolicy", "spec.srcSelector.matchExpressions[0].key", "n" * 64),
-    ("NetworkRoutingPolicy", "spec.srcSelector.matchExpressions[0].key", f"{'p' * 254}/a"),
-]
 
 
 @pytest.mark.parametrize(
@@ -286,4 +224,4 @@ def test_the_crd_rejects_what_the_model_rejects(
     with pytest.raises(ValidationError):
         parse_object(obj)
     # A gap must stay a gap: if the CRD learns to reject it, drop it from SCHEMA_GAPS.
-    assert validator(obj["kind"]).is_valid(obj) is ((obj["kind"], field, value) in SCHEMA_GAPS)
+    assert kind_validator(obj["kind"]).is_valid(obj) is ((obj["kind"], field, value) in SCHEMA_GAPS)

@@ -24,7 +24,7 @@ from lace_proxy.cli import (
 from lace_proxy.config import config_from_args
 from lace_proxy.dataplane.ipvs import KernelView, RealServer, Target, VirtualServer
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "lace_proxy" / "sandbox" / "manifests"
+EXAMPLES = Path(__file__).resolve().parents[2] / "lace_proxy" / "demo" / "manifests"
 IPVS_ARGS = ["--manifests", str(EXAMPLES), "--proxy-mode", "ipvs"]
 NODE = ["--hostname-override", "sandbox-node"]
 VIP4 = VirtualServer("TCP", "10.96.0.10", 80)

@@ -12,50 +12,17 @@ import pytest
 from lace_proxy.model import parse_object
 from lace_proxy.networks import NetworkGraph, ServiceRef
 
-from ..lacekit import GV, l3, net, routing, selector, service_binding, service_routing
-
-NETWORKS = [
-    net(
-        "default",
-        "l3",
-        ipv4Subnet={"prefix": "10.251.0.0/24"},
-        ipv6Subnet={"prefix": "fd00:251::/64"},
-    ),
-    net("other", "l3", ipv4Subnet={"prefix": "10.253.0.0/24"}),
-    net("internet", "external", externalPrefixes=["0.0.0.0/0", "::/0"]),
-    net("underlay", "external", externalPrefixes=["10.250.0.0/24"]),
-    net("host-local", "hostLocal"),
-]
-HOST_LOCAL_PEERING = {
-    "apiVersion": GV,
-    "kind": "NetworkRoutingPolicy",
-    "metadata": {"name": "host-to-default"},
-    "spec": {"srcSelector": selector("host-local"), "destSelector": selector("default")},
-}
-UNDERLAY_WEB_SERVICES = {
-    "apiVersion": GV,
-    "kind": "ServiceRoutingPolicy",
-    "metadata": {"name": "underlay-web"},
-    "spec": {
-        "srcSelector": selector("underlay"),
-        "destSelector": selector("default"),
-        "serviceSelector": {"matchLabels": {"app": "web"}},
-    },
-}
-NODE_METRICS_BINDING = {
-    "apiVersion": GV,
-    "kind": "NetworkBindingPolicy",
-    "metadata": {"name": "node-metrics"},
-    "spec": {
-        "matchKind": ["service"],
-        "rules": [
-            {
-                "network": "internet",
-                "selector": {"name": "lace-node-metrics", "namespace": "kube-system"},
-            }
-        ],
-    },
-}
+from ..lacekit import (
+    HOST_LOCAL_PEERING,
+    NETWORKS,
+    NODE_METRICS_BINDING,
+    UNDERLAY_WEB_SERVICES,
+    l3,
+    net,
+    routing,
+    service_binding,
+    service_routing,
+)
 
 
 def graph(*objects: dict[str, Any]) -> NetworkGraph:

@@ -7,8 +7,8 @@ from typing import Any
 from lace_proxy.model import parse_object
 from lace_proxy.networks import NetworkView
 
+from ..lacekit import HOST_LOCAL_PEERING, NETWORKS, NODE_METRICS_BINDING
 from .tablekit import ep, eps, svc
-from .test_network_graph import HOST_LOCAL_PEERING, NETWORKS, NODE_METRICS_BINDING
 
 
 def view(*objects: dict[str, Any]) -> NetworkView:

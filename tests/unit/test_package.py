@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = ROOT / "lace_proxy" / "sandbox" / "manifests"
+EXAMPLES = ROOT / "lace_proxy" / "demo" / "manifests"
 # What a clean checkout does not have: environments, caches and build output.
 NOT_SOURCE = shutil.ignore_patterns(
     ".git", ".venv", ".tox", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "*.so", "*.c"
@@ -66,11 +67,15 @@ def outside(argv: list[str], cwd: Path) -> str:
 def test_the_wheel_holds_the_package_and_its_manifests_and_no_tests(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as whl:
         names = whl.namelist()
-        prefix = "lace_proxy/sandbox/manifests/"
+        prefix = "lace_proxy/demo/manifests/"
         shipped = {n.removeprefix(prefix): whl.read(n) for n in names if n.startswith(prefix)}
+        sources = {n: whl.read(n).decode() for n in names if n.endswith(".py")}
     assert not [n for n in names if n.startswith("tests/")]
     assert {n.split("/")[0] for n in names if ".dist-info/" not in n} == {"lace_proxy"}
     assert shipped == {p.name: p.read_bytes() for p in EXAMPLES.iterdir()}
+    # Nothing shipped leans on test support (testkit/, tests/), which is not installed.
+    leaning = re.compile(r"^\s*(from|import)\s+(testkit|tests)\b", re.MULTILINE)
+    assert [n for n, text in sources.items() if leaning.search(text)] == []
 
 
 def test_the_installed_package_finds_and_loads_its_example_manifests(
@@ -79,7 +84,7 @@ def test_the_installed_package_finds_and_loads_its_example_manifests(
     script = textwrap.dedent("""
         import json, lace_proxy
         from lace_proxy.model import load_manifests
-        from lace_proxy.sandbox.demo import example_manifests
+        from lace_proxy.demo.sandbox import example_manifests
         with example_manifests() as folder:
             loaded = load_manifests(folder)
             print(json.dumps({"package": lace_proxy.__file__, "folder": str(folder),

@@ -13,9 +13,8 @@ from lace_proxy.model import parse_object
 from lace_proxy.proxier import Proxier
 from lace_proxy.table import ServiceTable
 
-from ..lacekit import service_binding
+from ..lacekit import NETWORKS, NODE_METRICS_BINDING, net, service_binding
 from .tablekit import ep, eps, svc
-from .test_network_graph import NETWORKS, NODE_METRICS_BINDING, net
 
 
 def proxier() -> Proxier:

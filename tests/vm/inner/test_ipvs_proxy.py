@@ -1,6 +1,6 @@
 """Inside the VM: the proxy in IPVS mode on real traffic, witnessed by ``ipvsadm -Ln``.
 
-The single-node testbed (lace_proxy/sandbox/testbed.py) runs inside the VM's kernel; the
+The single-node testbed (lace_proxy/demo/testbed.py) runs inside the VM's kernel; the
 proxy's own pipeline programs its node namespace (tests/netns/proxykit.py's Harness with
 mode "ipvs"): IPVS balances, nftables filters and masquerades.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from lace_proxy.dataplane.ipvs import IpvsSettings, VirtualServer, Wanted
-from lace_proxy.sandbox.testbed import (
+from lace_proxy.demo.testbed import (
     CLIENT4,
     UPLINK_NODE4,
     UPLINK_NODE6,

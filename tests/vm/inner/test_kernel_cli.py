@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from lace_proxy.cli import main
-from lace_proxy.sandbox.testbed import UPLINK_NODE4, Testbed, remove_stale_namespaces
+from lace_proxy.demo.testbed import UPLINK_NODE4, Testbed, remove_stale_namespaces
 from tests.netns.proxykit import LB4, NODE, Harness, endpoints, service
 
 pytestmark = pytest.mark.ipvs

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from lace_proxy.sandbox.testbed import UPLINK_NODE4, Testbed, remove_stale_namespaces, request_tcp
+from lace_proxy.demo.testbed import UPLINK_NODE4, Testbed, remove_stale_namespaces, request_tcp
 
 pytestmark = pytest.mark.ipvs
 

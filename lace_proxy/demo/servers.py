@@ -1,6 +1,7 @@
-"""Who-am-I servers for the sandbox (stdlib only; runs inside a namespace via `ip netns exec`).
+"""Who-am-I servers for the sandbox (stdlib only; forked into a namespace by the fork server).
 
 Usage: servers.py NAME PORT [PORT ...] [--http PORT ...] [--echo PORT ...]
+       servers.py --fork-server FD
 
 Listens on every given port for TCP and UDP, IPv4 and IPv6, on all addresses, and answers each
 connection or datagram with one line "NAME LOCAL_IP:PORT PEER_IP" (IPv6 as "[ip]:port"); the
@@ -12,20 +13,30 @@ any SNAT, so a reply shows both which endpoint answered and whether the client w
 
 Prints "ready" once every socket is bound, and exits when stdin reaches EOF, so it never
 outlives the test process that started it.
+
+With --fork-server, it starts such servers for the testbed instead: each request on the Unix
+socket FD names a namespace and a server's arguments and carries its stdin, stdout and stderr;
+a forked child enters the namespace and serves. A fork costs nothing next to an interpreter's
+start (about a second under the IPVS VM's emulation, five per testbed).
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import json
 import os
 import selectors
+import signal
 import socket
 import struct
 import sys
+import traceback
 
 IP_PKTINFO = 8  # not exported by Python 3.11's socket module
 IN_PKTINFO = struct.Struct("=i4s4s")  # ifindex, spec_dst, addr
 IN6_PKTINFO = struct.Struct("=16si")  # addr, ifindex
+CLONE_NEWNET = 0x40000000
 
 
 def reply_line(name: str, local_ip: str, local_port: int, peer_ip: str) -> bytes:
@@ -155,5 +166,50 @@ def main(argv: list[str]) -> int:
                 print(f"{name}: {exc}", file=sys.stderr, flush=True)
 
 
+def enter_netns(name: str) -> None:
+    """Move this (single-threaded) process into the named network namespace."""
+    fd = os.open(f"/run/netns/{name}", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns(/run/netns/{name}): {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+def fork_server(control: socket.socket) -> int:
+    """Start a server per request: [namespace, argv] as JSON with three descriptors (its
+    stdin, stdout, stderr); answers the child's pid. Exits when the control socket closes.
+    Children are reaped by the kernel (SIGCHLD ignored): the testbed watches them by pidfd."""
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    while True:
+        message, fds, _, _ = socket.recv_fds(control, 65536, 3)
+        if not message:
+            return 0
+        netns, argv = json.loads(message)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                control.close()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for target, fd in enumerate(fds):
+                    os.dup2(fd, target)
+                    os.close(fd)
+                enter_netns(netns)
+                code = main(argv)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        for fd in fds:
+            os.close(fd)
+        control.sendall(f"{pid}\n".encode())
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--fork-server"]:
+        sys.exit(fork_server(socket.socket(fileno=int(sys.argv[2]))))
     sys.exit(main(sys.argv[1:]))

@@ -18,8 +18,8 @@ from contextlib import AbstractContextManager
 from importlib.resources import as_file, files
 from pathlib import Path
 
+from lace_proxy.demo.testbed import POD_CIDR4, POD_CIDR6, Host, Testbed
 from lace_proxy.model import load_manifests
-from lace_proxy.sandbox.testbed import POD_CIDR4, POD_CIDR6, Host, Testbed
 from lace_proxy.table import NODE_PORT, ServiceTable
 
 HTTP_PORT = 8000  # the pods' HTTP servers (the example manifests target it)
@@ -29,7 +29,7 @@ NODE_NAME = "sandbox-node"  # the example folder's Node and endpoints use this n
 def example_manifests() -> AbstractContextManager[Path]:
     """The example folder, package data (so an installed package has it), as a folder on disk:
     the proxy subprocess and the sandbox's hints name it by path."""
-    return as_file(files("lace_proxy.sandbox") / "manifests")
+    return as_file(files("lace_proxy.demo") / "manifests")
 
 
 def http_get(client: Host, ip: str, port: int, timeout: float = 2.0, path: str = "/") -> str:

@@ -47,6 +47,7 @@ import contextlib
 import ctypes
 import errno
 import itertools
+import json
 import os
 import re
 import select
@@ -327,13 +328,13 @@ def request_udp(where: Where, ip: str, port: int, timeout: float = 2.0) -> Resul
     return _parsed(data, started)
 
 
-def _write_sysctls(values: dict[str, int]) -> None:
+def write_sysctls(values: dict[str, int]) -> None:
     """Runs in a namespace worker: /proc/sys/net shows the calling thread's namespace."""
     for key, value in values.items():
         Path("/proc/sys", key.replace(".", "/")).write_text(f"{value}\n")
 
 
-def _sysctls(router: bool) -> dict[str, int]:
+def host_sysctls(router: bool) -> dict[str, int]:
     """Settings for every namespace. IPv4 ones are otherwise inherited from the host's."""
     forward = int(router)
     return {
@@ -359,39 +360,96 @@ def _sysctls(router: bool) -> dict[str, int]:
     }
 
 
-def _run(argv: Sequence[str], input: str | None = None, timeout: float = 30.0) -> str:
+def run_checked(argv: Sequence[str], input: str | None = None, timeout: float = 30.0) -> str:
     proc = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
     return proc.stdout
 
 
+class _ForkServer:
+    """servers.py --fork-server: one per test process, started on first use; it forks the
+    testbeds' servers, so none pays an interpreter's start. Exits with this process (its
+    control socket closes)."""
+
+    _lock = threading.Lock()
+    _running: tuple[int, socket.socket, subprocess.Popen[bytes]] | None = None
+
+    @classmethod
+    def spawn(cls, netns: str, argv: Sequence[str], stderr: IO[bytes]) -> _Server:
+        """A server in `netns` with these arguments, its stderr to the file `stderr`."""
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe()
+        try:
+            with cls._lock:
+                control = cls._control()
+                socket.send_fds(
+                    control, [json.dumps([netns, list(argv)]).encode()],
+                    [stdin_r, stdout_w, stderr.fileno()],
+                )  # fmt: skip
+                reply = control.recv(64)
+            if not reply.endswith(b"\n"):
+                raise RuntimeError("the testbed's fork server did not answer")
+            pid = int(reply)
+        except BaseException:
+            for fd in (stdin_w, stdout_r):
+                os.close(fd)
+            raise
+        finally:
+            os.close(stdin_r)
+            os.close(stdout_w)
+        return _Server(argv[0], pid, os.fdopen(stdin_w, "wb"), os.fdopen(stdout_r, "rb"), stderr)
+
+    @classmethod
+    def _control(cls) -> socket.socket:
+        if cls._running is not None and cls._running[0] == os.getpid():
+            return cls._running[1]
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        with theirs:
+            argv = [sys.executable, "-I", "-S", str(SERVER_SCRIPT), "--fork-server"]
+            proc = subprocess.Popen(
+                [*argv, str(theirs.fileno())],
+                stdin=subprocess.DEVNULL,
+                pass_fds=[theirs.fileno()],
+                start_new_session=True,  # a terminal's Ctrl-C stays away from it
+            )
+        cls._running = (os.getpid(), ours, proc)
+        return ours
+
+
 @dataclass
 class _Server:
-    """One servers.py process; its stderr goes to a file, so it can never block on a pipe."""
+    """One server (a child of the fork server); its stderr goes to a file, so it can never
+    block on a pipe. Watched through a pidfd: it is not this process's child."""
 
     name: str
-    proc: subprocess.Popen[bytes]
+    pid: int
+    stdin: IO[bytes]
+    stdout: IO[bytes]
     stderr: IO[bytes]
 
     def wait_ready(self, deadline: float) -> None:
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], max(deadline - time.monotonic(), 0))
-        line = self.proc.stdout.readline() if ready else b""
+        ready, _, _ = select.select([self.stdout], [], [], max(deadline - time.monotonic(), 0))
+        line = self.stdout.readline() if ready else b""
         if line != b"ready\n":
             raise RuntimeError(f"server {self.name} not ready: {self.stop().strip()}")
 
     def stop(self) -> str:
         """Close stdin (the server exits on EOF), make sure it is gone; return its stderr."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
         with contextlib.suppress(OSError):
-            self.proc.stdin.close()
+            self.stdin.close()
         try:
-            self.proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc.stdout.close()
+            pidfd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            pidfd = None  # already gone and reaped
+        if pidfd is not None:  # readable once the process has exited
+            try:
+                if not select.select([pidfd], [], [], 2)[0]:
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                    select.select([pidfd], [], [], 5)
+            finally:
+                os.close(pidfd)
+        self.stdout.close()
         if self.stderr.closed:
             return ""
         self.stderr.seek(0)
@@ -412,7 +470,7 @@ def _sigint_deferred() -> Iterator[None]:
         signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
 
 
-def _reachable(source: Where, ip: str, port: int, deadline: float) -> Result:
+def reachable(source: Where, ip: str, port: int, deadline: float) -> Result:
     """A TCP request from source to ip:port, repeated while it times out (veths, and bridge
     ports, come up asynchronously) until deadline; the last result."""
     result = request_tcp(source, ip, port, 0.2)
@@ -456,7 +514,7 @@ class TestbedBase(abc.ABC):
     @property
     def server_pids(self) -> list[int]:
         """Process ids of the running servers."""
-        return [server.proc.pid for server in self._servers]
+        return [server.pid for server in self._servers]
 
     def _name(self, role: str) -> str:
         name = f"{self.prefix}{role}"
@@ -486,7 +544,7 @@ class TestbedBase(abc.ABC):
         """
         names = [self._name(role) for role in roles]
         self._names += names
-        _run(["ip", "-batch", "-"], "".join(f"netns add {n}\n" for n in names))
+        run_checked(["ip", "-batch", "-"], "".join(f"netns add {n}\n" for n in names))
         created: list[Netns] = []
         for name in names:
             created.append(Netns(name))
@@ -509,22 +567,13 @@ class TestbedBase(abc.ABC):
         http_ports: Sequence[int] = (),
         echo_ports: Sequence[int] = (),
     ) -> _Server:
-        # A new session keeps a terminal's Ctrl-C away from servers; teardown stops them.
         stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed by _Server.stop)
-        argv = ["ip", "netns", "exec", host.ns.name, sys.executable, "-I", "-S"]
-        argv += [str(SERVER_SCRIPT), name, *map(str, ports)]
+        argv = [name, *map(str, ports)]
         if http_ports:
             argv += ["--http", *map(str, http_ports)]
         if echo_ports:
             argv += ["--echo", *map(str, echo_ports)]
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            start_new_session=True,
-        )
-        return _Server(name, proc, stderr)
+        return _ForkServer.spawn(host.ns.name, argv, stderr)
 
     def serve(
         self,
@@ -561,8 +610,7 @@ class TestbedBase(abc.ABC):
         with _sigint_deferred():
             for server in self._servers:  # let them all exit at once, then reap them
                 with contextlib.suppress(OSError):
-                    assert server.proc.stdin is not None
-                    server.proc.stdin.close()
+                    server.stdin.close()
             for server in self._servers:
                 server.stop()
             self._servers.clear()
@@ -620,12 +668,12 @@ class Testbed(TestbedBase):
             for i, ns in enumerate(pod_ns, start=1)
         ]
         for host in (self.node, self.client, self.gw, *self.pods):
-            host.ns.call(_write_sysctls, _sysctls(router=host is self.node or host is self.gw))
+            host.ns.call(write_sysctls, host_sysctls(router=host is self.node or host is self.gw))
 
         # The node creates every veth, putting the far end straight into its namespace.
-        _run(["ip", "-n", node_ns.name, "-batch", "-"], self._node_batch())
+        run_checked(["ip", "-n", node_ns.name, "-batch", "-"], self._node_batch())
         for host in (self.client, self.gw, *self.pods):
-            _run(["ip", "-n", host.ns.name, "-batch", "-"], self._peer_batch(host))
+            run_checked(["ip", "-n", host.ns.name, "-batch", "-"], self._peer_batch(host))
         self.exec(self.gw, ["nft", "-f", "-"], input=GW_SINK_RULES)
 
         self._start_servers((self.node, self.client, *self.pods))
@@ -693,14 +741,14 @@ class Testbed(TestbedBase):
         expected = {ip: "reply" for h in (self.client, *self.pods) for ip in (h.ipv4, h.ipv6)}
         expected |= {GW4: "refused", GW6: "refused"}
         for ip, outcome in expected.items():
-            result = _reachable(self.node, ip, self.ports[0], deadline)
+            result = reachable(self.node, ip, self.ports[0], deadline)
             if result.outcome != outcome:
                 raise RuntimeError(f"node to {ip}: expected {outcome}, got {result}")
 
 
 def list_netns() -> list[str]:
     """Names of all named network namespaces on the machine."""
-    return [line.split()[0] for line in _run(["ip", "netns", "list"]).splitlines() if line]
+    return [line.split()[0] for line in run_checked(["ip", "netns", "list"]).splitlines() if line]
 
 
 def remove_stale_namespaces() -> list[str]:
@@ -721,5 +769,5 @@ def remove_stale_namespaces() -> list[str]:
         except PermissionError:
             pass  # alive, just not ours to signal
     if stale:
-        _run(["ip", "-force", "-batch", "-"], "".join(f"netns del {n}\n" for n in stale))
+        run_checked(["ip", "-force", "-batch", "-"], "".join(f"netns del {n}\n" for n in stale))
     return stale

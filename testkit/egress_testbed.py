@@ -30,15 +30,15 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from lace_proxy.sandbox.cluster import NODE_B4, UNDERLAY_CIDR4, ClusterTestbed, _batch
-from lace_proxy.sandbox.testbed import (
+from lace_proxy.demo.testbed import (
     DEFAULT_PORTS,
     Host,
-    _reachable,
-    _run,
-    _sysctls,
-    _write_sysctls,
+    host_sysctls,
+    reachable,
+    run_checked,
+    write_sysctls,
 )
+from testkit.cluster_testbed import NODE_B4, UNDERLAY_CIDR4, ClusterTestbed, batch_lines
 
 UPLINK_A4, UPLINK_B4 = "192.0.2.11", "192.0.3.12"
 EDGE_A4, EDGE_B4 = "192.0.2.1", "192.0.3.1"
@@ -61,7 +61,7 @@ class EgressTestbed(ClusterTestbed):
         super()._build()
         (edge_ns,) = self._add_namespaces(["E"])
         self.edge = Host("edge", LAB4, "", edge_ns)
-        edge_ns.call(_write_sysctls, _sysctls(router=True))
+        edge_ns.call(write_sysctls, host_sysctls(router=True))
         a, b = self.nodes["node-a"], self.nodes["node-b"]
         lines = ["link set lo up"]
         lines += [f"addr add {ip}/32 dev lo" for ip in (LAB4, LAB_PREFSRC4, BEYOND_B4)]
@@ -78,7 +78,7 @@ class EgressTestbed(ClusterTestbed):
             f"route add {PLATFORM_A4}/32 via {UPLINK_A4}",
             f"route add {UNDERLAY_CIDR4} via {UPLINK_B4}",
         ]
-        _run(["ip", "-n", edge_ns.name, "-batch", "-"], _batch(lines))
+        run_checked(["ip", "-n", edge_ns.name, "-batch", "-"], batch_lines(lines))
         node_a = [
             "link set eth1 up",
             f"addr add {UPLINK_A4}/24 dev eth1",
@@ -87,13 +87,13 @@ class EgressTestbed(ClusterTestbed):
             f"route add {LAB_PREFSRC_CIDR4} via {EDGE_A4} dev eth1 src {PLATFORM_A4}",
             f"route add {BEYOND_B_CIDR4} via {NODE_B4}",
         ]
-        _run(["ip", "-n", a.ns.name, "-batch", "-"], _batch(node_a))
+        run_checked(["ip", "-n", a.ns.name, "-batch", "-"], batch_lines(node_a))
         node_b = [
             "link set eth1 up",
             f"addr add {UPLINK_B4}/24 dev eth1",
             f"route add {BEYOND_B_CIDR4} via {EDGE_B4}",
         ]
-        _run(["ip", "-n", b.ns.name, "-batch", "-"], _batch(node_b))
+        run_checked(["ip", "-n", b.ns.name, "-batch", "-"], batch_lines(node_b))
         self.serve(self.edge, self.ports)
         self._add_local_pods()
 
@@ -104,7 +104,7 @@ class EgressTestbed(ClusterTestbed):
         ax = self.pods["ax"] = Host("ax", AX4, AX6, ax_ns)
         self.pods["a1"] = a1 = Host(a1.name, a1.ipv4, A1_6, a1.ns)
         self.pod_nodes["ax"] = "node-a"
-        ax_ns.call(_write_sysctls, _sysctls(router=False))
+        ax_ns.call(write_sysctls, host_sysctls(router=False))
         node_a = [
             f"addr add {POD_GATEWAY_A6}/128 dev va1 nodad",
             f"route add {A1_6}/128 dev va1",
@@ -115,15 +115,17 @@ class EgressTestbed(ClusterTestbed):
             f"route add {AX4}/32 dev vax",
             f"route add {AX6}/128 dev vax",
         ]
-        _run(["ip", "-n", a.ns.name, "-batch", "-"], _batch(node_a))
+        run_checked(["ip", "-n", a.ns.name, "-batch", "-"], batch_lines(node_a))
         ax_lines = ["link set lo up", "link set eth0 up", *_pod_address(AX4, AX_GATEWAY4)]
         ax_lines += _pod_address(AX6, AX_GATEWAY6)
-        _run(["ip", "-n", ax_ns.name, "-batch", "-"], _batch(ax_lines))
-        _run(["ip", "-n", a1.ns.name, "-batch", "-"], _batch(_pod_address(A1_6, POD_GATEWAY_A6)))
+        run_checked(["ip", "-n", ax_ns.name, "-batch", "-"], batch_lines(ax_lines))
+        run_checked(
+            ["ip", "-n", a1.ns.name, "-batch", "-"], batch_lines(_pod_address(A1_6, POD_GATEWAY_A6))
+        )
         self.serve(ax, self.ports)
         deadline = time.monotonic() + 5
         for ip, name in ((AX4, "ax"), (AX6, "ax"), (A1_6, "a1")):
-            result = _reachable(a, ip, self.ports[0], deadline)
+            result = reachable(a, ip, self.ports[0], deadline)
             if result.reply is None or result.reply.name != name:
                 raise RuntimeError(f"node-a to {name} at {ip}: got {result}")
 

@@ -48,17 +48,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from lace_proxy.sandbox.testbed import (
+from lace_proxy.demo.testbed import (
     DEFAULT_PORTS,
     FABRIC4,
     Host,
     TestbedBase,
-    _reachable,
-    _run,
-    _sysctls,
-    _write_sysctls,
+    host_sysctls,
+    reachable,
+    run_checked,
+    write_sysctls,
 )
-from lace_proxy.sandbox.testbed import SERVICE_CIDR4 as SERVICE_CIDR4  # the fabric sinks it
+from lace_proxy.demo.testbed import SERVICE_CIDR4 as SERVICE_CIDR4  # the fabric sinks it
 
 # Address plan (IPv4 only). FABRIC4, 10.250.0.254, is the fabric's address on the underlay.
 UNDERLAY_CIDR4 = "10.250.0.0/24"
@@ -125,7 +125,7 @@ def _bridge_unfiltered() -> None:
             path.write_text("0\n")
 
 
-def _batch(lines: Sequence[str]) -> str:
+def batch_lines(lines: Sequence[str]) -> str:
     return "".join(f"{line}\n" for line in lines)
 
 
@@ -166,18 +166,18 @@ class ClusterTestbed(TestbedBase):
         }
         routers = {self.fabric.name, *self.nodes}
         for host in self._hosts():
-            host.ns.call(_write_sysctls, _sysctls(router=host.name in routers))
+            host.ns.call(write_sysctls, host_sysctls(router=host.name in routers))
         fabric_ns.call(_bridge_unfiltered)
 
         # The fabric creates the underlay and client veths, each node its pods' veths, always
         # putting the far end straight into its namespace; then each far end is configured.
-        _run(["ip", "-n", fabric_ns.name, "-batch", "-"], self._fabric_batch())
+        run_checked(["ip", "-n", fabric_ns.name, "-batch", "-"], self._fabric_batch())
         for node in self.nodes.values():
-            _run(["ip", "-n", node.ns.name, "-batch", "-"], self._node_batch(node))
+            run_checked(["ip", "-n", node.ns.name, "-batch", "-"], self._node_batch(node))
         for client, gateway in ((self.far, FAR_GATEWAY4), (self.near, NEAR_GATEWAY4)):
             lines = ["link set lo up", "link set eth0 up", f"addr add {client.ipv4}/24 dev eth0"]
             lines.append(f"route add default via {gateway}")
-            _run(["ip", "-n", client.ns.name, "-batch", "-"], _batch(lines))
+            run_checked(["ip", "-n", client.ns.name, "-batch", "-"], batch_lines(lines))
         for spec in _PODS:
             pod = self.pods[spec.name]
             lines = ["link set lo up", "link set eth0 up", f"addr add {pod.ipv4}/32 dev eth0"]
@@ -185,7 +185,7 @@ class ClusterTestbed(TestbedBase):
                 f"route add {spec.gateway}/32 dev eth0",
                 f"route add default via {spec.gateway}",
             ]
-            _run(["ip", "-n", pod.ns.name, "-batch", "-"], _batch(lines))
+            run_checked(["ip", "-n", pod.ns.name, "-batch", "-"], batch_lines(lines))
         self.exec(self.fabric, ["nft", "-f", "-"], input=FABRIC_SINK_RULES)
 
         self._start_servers([host for host in self._hosts() if host is not self.fabric])
@@ -221,7 +221,7 @@ class ClusterTestbed(TestbedBase):
             ]
         # Only so that routing forwards (instead of failing) what the sink then rejects.
         lines.append("route add default dev br0")
-        return _batch(lines)
+        return batch_lines(lines)
 
     def _node_batch(self, node: Host) -> str:
         lines = [
@@ -245,7 +245,7 @@ class ClusterTestbed(TestbedBase):
                 f"addr add {spec.gateway}/32 dev {veth}",
                 f"route add {pod.ipv4}/32 dev {veth}",
             ]
-        return _batch(lines)
+        return batch_lines(lines)
 
     def _wait_for_links(self) -> None:
         """Wait until every link passes traffic, and check that each path ends where it should.
@@ -261,9 +261,9 @@ class ClusterTestbed(TestbedBase):
             for target in targets:
                 if target is node:
                     continue
-                result = _reachable(node, target.ipv4, port, deadline)
+                result = reachable(node, target.ipv4, port, deadline)
                 if result.reply is None or result.reply.name != target.name:
                     raise RuntimeError(f"{node.name} to {target.name}: got {result}")
-            result = _reachable(node, FABRIC4, port, deadline)
+            result = reachable(node, FABRIC4, port, deadline)
             if (result.outcome, result.icmp) != ("refused", None):
                 raise RuntimeError(f"{node.name} to fabric: expected a RST, got {result}")
