@@ -41,6 +41,8 @@ from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 import yaml
 
+from lace_proxy.model.service import IPVS_SCHEDULERS
+
 log = logging.getLogger(__name__)
 
 UPSTREAM_API_VERSION = "kubeproxy.config.k8s.io/v1alpha1"
@@ -51,9 +53,6 @@ MODES = ("nftables", "ipvs")
 DETECT_LOCAL_MODES = ("ClusterCIDR", "NodeCIDR", "InterfaceNamePrefix", "BridgeInterface")
 #: The nodePortAddresses value that means "only the Node object's primary IPs" (kube-proxy 1.29+).
 NODE_PORT_PRIMARY: Final = "primary"
-#: IPVS schedulers for ipvs.scheduler and the per-service annotation: those kube-proxy's
-#: validation accepts, plus mh (Maglev hashing, which kube-proxy refuses only by omission).
-IPVS_SCHEDULERS = ("rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh")
 NFTABLES_FAMILIES = ("inet", "ip", "ip6")
 
 # Fields of kube-proxy's v1alpha1 KubeProxyConfiguration that mean nothing to lace-proxy. They

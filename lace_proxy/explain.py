@@ -34,10 +34,10 @@ from lace_proxy.dataplane.nftables import (
     NftablesSettings,
     Rendered,
     Renderer,
-    _allows_all,
-    _h,
-    _key,
+    allows_all,
     clusterip_ranges,
+    element_key,
+    name_hash,
 )
 from lace_proxy.model import (
     POD_NETWORK_TYPES,
@@ -67,7 +67,7 @@ REJECTED = "rejected"  # refused for want of endpoints / service port (port-unre
 UNPROXIED = "unproxied"  # the node's connection to a ClusterIP outside node.serviceCIDRs
 GOES_THROUGH = (ALLOWED, PASSES)
 
-#: Plan attributes `Renderer._render_access` reads (both table twins have them).
+#: Plan attributes `Renderer.render_access` reads (both table twins have them).
 _ACCESS_FIELDS = ("family", "protocol", "port", "node_port", "cluster_ip", "external_ips", "lb_ips")
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -577,7 +577,7 @@ def _explain_frontend(
         expects.append(Expect((controlled,), element, False, "controlled by the model"))
 
     ranges = plan.lb_source_ranges
-    if f.kind == LOAD_BALANCER and ranges and not _allows_all(ranges):
+    if f.kind == LOAD_BALANCER and ranges and not allows_all(ranges):
         listed = ", ".join(ranges)
         if not q.from_node and not covered(q.source, ranges):
             reason = f"{q.source} is not in loadBalancerSourceRanges ({listed})"
@@ -962,22 +962,22 @@ def _conditions(
 
 def _access_elements(plan: Any, f: Any, network: str | None) -> tuple[str, str, str | None]:
     """(controlled set, the frontend's element, `network`'s reach set) as the renderer writes
-    them: `Renderer._render_access` on the plan, as if `network` were its only source."""
+    them: `Renderer.render_access` on the plan, as if `network` were its only source."""
     view = SimpleNamespace(
         **{name: getattr(plan, name) for name in _ACCESS_FIELDS},
         access=Access(None, (network,) if network else ()),
     )
     out = Rendered()
-    Renderer._render_access(view, out)
+    Renderer.render_access(view, out)
     v = f"v{plan.family}"
     if f.kind == NODE_PORT:
         controlled = f"controlled-nodeports-{v}"
         (element,) = out.elements[controlled]
-        reach = f"reach-nodeports-{_h(network)}-{v}" if network else None
+        reach = f"reach-nodeports-{name_hash(network)}-{v}" if network else None
     else:
         controlled = f"controlled-{v}"
         element = next(x for x in out.elements[controlled] if x.split(" . ")[0] == f.address)
-        reach = f"reach-{_h(network)}-{v}" if network else None
+        reach = f"reach-{name_hash(network)}-{v}" if network else None
     if reach is not None and element not in out.elements.get(reach, ()):
         raise AssertionError(f"explain and the renderer disagree on {reach}")  # a bug here
     return controlled, element, reach
@@ -1005,10 +1005,10 @@ def _unpeered_expect(q: Query, present: bool) -> Expect:
 
 def _holds(elements: set[str], expect: Expect) -> bool:
     if not expect.covers:
-        return any(_key(x) == expect.element for x in elements)
+        return any(element_key(x) == expect.element for x in elements)
     ip = ipaddress.ip_address(expect.element)
     for x in elements:
-        first, _, last = _key(x).partition("-")  # a prefix, or a range "first-last"
+        first, _, last = element_key(x).partition("-")  # a prefix, or a range "first-last"
         try:
             if last:
                 low, high = ipaddress.ip_address(first), ipaddress.ip_address(last)

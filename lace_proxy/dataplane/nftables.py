@@ -140,7 +140,9 @@ class NftablesSettings:
             ipaddress.ip_network(cidr, strict=False)  # raises ValueError on bad input
 
 
-def _h(*parts: object) -> str:
+def name_hash(*parts: object) -> str:
+    """A short lowercase hash of `parts` for nft object names (names from the API never reach
+    nft as identifiers); explain recomputes the names it looks for with it."""
     digest = hashlib.blake2b("\0".join(map(str, parts)).encode(), digest_size=10).digest()
     return base64.b32encode(digest).decode().lower()
 
@@ -259,7 +261,7 @@ class Renderer:
             self._render_chained(plan, out)
         else:
             self._render_data(plan, out)
-        if plan.lb_ips and plan.lb_source_ranges and not _allows_all(plan.lb_source_ranges):
+        if plan.lb_ips and plan.lb_source_ranges and not allows_all(plan.lb_source_ranges):
             key = f"{plan.protocol.lower()} . {plan.port}"
             sources = plan.lb_source_ranges
             if any(covered(a, sources) for a in self.node_addresses):
@@ -275,7 +277,7 @@ class Renderer:
                 for cidr in ranges:
                     out.element(f"firewall-allow-{v}", f"{address} . {key} . {cidr}")
         if plan.access is not None:
-            self._render_access(plan, out)
+            self.render_access(plan, out)
         if not self.s.translate:
             # IPVS mode: these addresses are the node's own (on the dummy interface); only
             # their service ports may pass (ipvs-ports-check).
@@ -286,8 +288,11 @@ class Renderer:
         return out
 
     @staticmethod
-    def _render_access(plan: Any, out: Rendered) -> None:
-        """The Lace network model: every frontend is controlled, reachable from its sources."""
+    def render_access(plan: Any, out: Rendered) -> None:
+        """The Lace network model: every frontend is controlled, reachable from its sources.
+
+        Static, so that explain can run it on a stand-in plan to learn the elements it writes.
+        """
         v = f"v{plan.family}"
         proto = plan.protocol.lower()
         frontends = [
@@ -300,7 +305,7 @@ class Renderer:
         if node_port:
             out.element(f"controlled-nodeports-{v}", node_port)
         for source in plan.access.sources:
-            h = _h(source)
+            h = name_hash(source)
             for frontend in frontends:
                 out.element(f"reach-{h}-{v}", frontend)
             if node_port:
@@ -328,7 +333,7 @@ class Renderer:
             "ip6 saddr vmap @source-networks-v6",
             "goto deny",  # no identity: reaches no frontend
         )
-        host = f"goto from-{_h(layout.host_local)}" if layout.host_local else "goto deny"
+        host = f"goto from-{name_hash(layout.host_local)}" if layout.host_local else "goto deny"
         prefix = self.s.pod_interface_prefix
         local_pods = f' oifname != "{prefix}*"' if prefix else ""
         out.chains["host-access"] = (
@@ -364,7 +369,7 @@ class Renderer:
             for fam in FAMILIES
         )
         for network in layout.networks:
-            h = _h(network)
+            h = name_hash(network)
             rules = []
             for fam in FAMILIES:
                 v, ip = f"v{fam}", _ip(fam)
@@ -384,7 +389,7 @@ class Renderer:
                 out.comments[f"from-{h}"] = network
         for fam, first, last, network in layout.ranges:
             span = first if first == last else f"{first}-{last}"
-            out.element(f"source-networks-v{fam}", f"{span} : goto from-{_h(network)}")
+            out.element(f"source-networks-v{fam}", f"{span} : goto from-{name_hash(network)}")
         return out
 
     def _render_data(self, plan: Any, out: Rendered) -> None:
@@ -552,7 +557,7 @@ class Renderer:
         ip = _ip(fam)
         v = f"v{fam}"
         proto = plan.protocol.lower()
-        h = _h(plan.id)
+        h = name_hash(plan.id)
         affinity = plan.affinity_timeout
 
         ep_chains: dict[tuple[str, int], str] = {}
@@ -560,7 +565,7 @@ class Renderer:
             ident = (b.ip, b.port)
             if ident in ep_chains:
                 continue
-            name = f"ep-{_h(plan.id, b.ip, b.port)}"
+            name = f"ep-{name_hash(plan.id, b.ip, b.port)}"
             ep_chains[ident] = name
             aff = f"aff-{name[3:]}"
             out.sets[aff] = f"type {_addr_type(fam)}; flags dynamic,timeout; timeout {affinity}s;"
@@ -1130,7 +1135,7 @@ class NftablesBackend:
             self._add_rules(tx, name, merged.chains[name])
         for container, (gone, new) in sorted(diff.items()):
             if gone:
-                keys = ", ".join(sorted({_key(e) for e in gone}))
+                keys = ", ".join(sorted({element_key(e) for e in gone}))
                 tx.add(f"delete element inet {t} {container} {{ {keys} }}")
             if new:
                 tx.add(f"add element inet {t} {container} {{ {', '.join(sorted(new))} }}")
@@ -1182,7 +1187,7 @@ class NftablesBackend:
     def _skeleton(self) -> str:
         """The name of an empty chain that marks the skeleton the table was made with: a
         table of another skeleton (another version or configuration) is rewritten."""
-        return f"skeleton-{_h(SKELETON_VERSION, *self.renderer.base())}"
+        return f"skeleton-{name_hash(SKELETON_VERSION, *self.renderer.base())}"
 
     def apply(self, changes: Changeset, layout: NetworkLayout = NO_NETWORKS) -> int:
         """Program one changeset (and the network model's `layout`, if it changed) as one
@@ -1232,7 +1237,7 @@ class NftablesBackend:
         for container in sorted(old.elements.keys() | new.elements.keys()):
             before = old.elements.get(container, set())
             after = new.elements.get(container, set())
-            delete = sorted({_key(e) for e in before - after})
+            delete = sorted({element_key(e) for e in before - after})
             if delete:
                 tx.add(f"delete element inet {t} {container} {{ {', '.join(delete)} }}")
             add = sorted(after - before)
@@ -1381,12 +1386,13 @@ def clusterip_ranges(layout: NetworkLayout, settings: NftablesSettings) -> list[
     return _collapsed(layout.service_cidrs or settings.service_cidrs)
 
 
-def _allows_all(ranges: tuple[str, ...]) -> bool:
+def allows_all(ranges: tuple[str, ...]) -> bool:
     """A /0 range lets every source in, as kube-proxy treats it: no firewall at all."""
     return any(r.endswith("/0") for r in ranges)
 
 
-def _key(element: str) -> str:
+def element_key(element: str) -> str:
+    """The key of a rendered element: a map's `key : value` without the value; a set's whole."""
     return element.split(" : ", 1)[0]
 
 

@@ -33,11 +33,11 @@ from lace_proxy.model.lace import (
 )
 from lace_proxy.model.load import LoadResult, load_manifests
 from lace_proxy.model.node import ZONE_LABEL, Node
+from lace_proxy.model.objects import parse_object
 from lace_proxy.model.parse import (
     LB_SOURCE_RANGES_ANNOTATION,
     parse_endpoint_slice,
     parse_node,
-    parse_object,
     parse_service,
     parse_service_cidr,
 )

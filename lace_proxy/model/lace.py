@@ -1,7 +1,7 @@
 """The Lace network model (lace-cni.io/v1alpha1): Networks and the policies that connect them.
 
 All four kinds are cluster-scoped. They are parsed with the same rules as the core kinds (see
-parse.py): absent, null and empty values are alike, wrong JSON types are ValidationErrors, and
+fields.py): absent, null and empty values are alike, wrong JSON types are ValidationErrors, and
 CIDRs are canonical, with host bits cleared as Go's ParseCIDR does (`10.1.2.3/8` is accepted
 as `10.0.0.0/8`, not rejected). Selectors are the exception to "absent is empty": a required
 selector that is absent is an error, because `{}` selects everything and an omitted selector
@@ -19,17 +19,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from lace_proxy.model.parse import (
-    _cidr,
-    _cidrs,
-    _labels,
-    _list,
-    _mapping,
-    _metadata,
-    _opt_str,
-    _req_str,
-    _sorted_pairs,
-    _Subject,
+from lace_proxy.model.fields import (
+    Subject,
+    as_cidr,
+    as_cidrs,
+    as_list,
+    as_mapping,
+    object_labels,
+    object_metadata,
+    opt_str,
+    req_enum,
+    req_str,
+    sorted_pairs,
 )
 
 LACE_GROUP_VERSION = "lace-cni.io/v1alpha1"
@@ -194,20 +195,13 @@ class ServiceRoutingPolicy:
 LaceObject = Network | NetworkBindingPolicy | NetworkRoutingPolicy | ServiceRoutingPolicy
 
 
-# --- field helpers ----------------------------------------------------------------------------
+# --- Lace field helpers -----------------------------------------------------------------------
 
 
-def _req_enum(s: _Subject, value: Any, field: str, allowed: tuple[str, ...]) -> str:
-    result = _req_str(s, value, field)
-    if result not in allowed:
-        s.fail(field, value, f"must be one of {', '.join(allowed)}", "invalid_value")
-    return result
-
-
-def _network_name(s: _Subject, value: Any, field: str) -> str:
+def _network_name(s: Subject, value: Any, field: str) -> str:
     """A Network's name: a DNS subdomain (as the API requires) that also fits a label value,
     since it becomes the value of NETWORK_LABEL."""
-    name = _req_str(s, value, field)
+    name = req_str(s, value, field)
     if len(name) > 63 or not _DNS_SUBDOMAIN_RE.fullmatch(name):
         reason = "must be a DNS subdomain of at most 63 characters (lowercase, '-', '.')"
         s.fail(field, name, reason, "invalid_name")
@@ -230,7 +224,7 @@ def _label_key_problem(key: str) -> str | None:
     return None
 
 
-def _label_value(s: _Subject, value: Any, field: str) -> str:
+def _label_value(s: Subject, value: Any, field: str) -> str:
     """A label value; "" is a valid one (and means "the label is set, to nothing")."""
     if not isinstance(value, str):
         s.fail(field, value, "must be a string", "invalid_type")
@@ -241,8 +235,8 @@ def _label_value(s: _Subject, value: Any, field: str) -> str:
     return value
 
 
-def _match_labels(s: _Subject, value: Any, field: str) -> tuple[tuple[str, str], ...]:
-    labels = _mapping(s, value, field)
+def _match_labels(s: Subject, value: Any, field: str) -> tuple[tuple[str, str], ...]:
+    labels = as_mapping(s, value, field)
     for key, item in labels.items():
         if not isinstance(key, str):  # YAML allows `1: a` or `true: a`
             s.fail(field, key, "label key must be a string", "invalid_type")
@@ -250,17 +244,17 @@ def _match_labels(s: _Subject, value: Any, field: str) -> tuple[tuple[str, str],
         if problem is not None:
             s.fail(field, key, problem, "invalid_label")  # upstream names the map, not the key
         _label_value(s, item, f'{field}["{key}"]')
-    return _sorted_pairs(labels)
+    return sorted_pairs(labels)
 
 
-def _requirement(s: _Subject, value: Any, p: str) -> LabelRequirement:
-    entry = _mapping(s, value, p)
-    key = _req_str(s, entry.get("key"), f"{p}.key")
+def _requirement(s: Subject, value: Any, p: str) -> LabelRequirement:
+    entry = as_mapping(s, value, p)
+    key = req_str(s, entry.get("key"), f"{p}.key")
     problem = _label_key_problem(key)
     if problem is not None:
         s.fail(f"{p}.key", key, problem, "invalid_label")
-    operator = _req_enum(s, entry.get("operator"), f"{p}.operator", SELECTOR_OPERATORS)
-    raw = _list(s, entry.get("values"), f"{p}.values")
+    operator = req_enum(s, entry.get("operator"), f"{p}.operator", SELECTOR_OPERATORS)
+    raw = as_list(s, entry.get("values"), f"{p}.values")
     if operator in ("In", "NotIn") and not raw:
         s.fail(f"{p}.values", None, f"required for operator {operator}", "missing_field")
     if operator in ("Exists", "DoesNotExist") and raw:
@@ -269,14 +263,14 @@ def _requirement(s: _Subject, value: Any, p: str) -> LabelRequirement:
     return LabelRequirement(key=key, operator=operator, values=tuple(sorted(values)))
 
 
-def _label_selector(s: _Subject, value: Any, p: str, *, required: bool = True) -> LabelSelector:
+def _label_selector(s: Subject, value: Any, p: str, *, required: bool = True) -> LabelSelector:
     """A LabelSelector; absent (or null) is an error if `required`, else the empty selector."""
     if value is None:
         if required:
             s.fail(p, None, "required (use {} to select everything)", "missing_field")
         return LabelSelector()
-    selector = _mapping(s, value, p)
-    expressions = _list(s, selector.get("matchExpressions"), f"{p}.matchExpressions")
+    selector = as_mapping(s, value, p)
+    expressions = as_list(s, selector.get("matchExpressions"), f"{p}.matchExpressions")
     return LabelSelector(
         match_labels=_match_labels(s, selector.get("matchLabels"), f"{p}.matchLabels"),
         match_expressions=tuple(
@@ -300,15 +294,15 @@ def parse_network(obj: dict[str, Any]) -> Network:
     """A Network. NETWORK_LABEL is added to its labels; a user label with that key must
     already hold the network's name. Duplicate external prefixes (after canonicalization)
     are dropped: they are harmless, and the API server cannot see them as duplicates."""
-    s, meta, _, name = _metadata(obj, "Network", namespaced=False)
+    s, meta, _, name = object_metadata(obj, "Network", namespaced=False)
     _network_name(s, name, "metadata.name")
-    labels = _labels(s, meta)
+    labels = object_labels(s, meta)
     own = labels.get(NETWORK_LABEL)
     if own is not None and own != name:
         field = f'metadata.labels["{NETWORK_LABEL}"]'
         s.fail(field, own, f"must be the network's name ({name}) or absent", "invalid_value")
-    spec = _mapping(s, obj.get("spec"), "spec")
-    net_type = _req_enum(s, spec.get("type"), "spec.type", NETWORK_TYPES)
+    spec = as_mapping(s, obj.get("spec"), "spec")
+    net_type = req_enum(s, spec.get("type"), "spec.type", NETWORK_TYPES)
     for field, types in _PREFIX_FIELDS.items():
         value = spec.get(field)
         if net_type not in types and value not in (None, "", [], {}):
@@ -316,7 +310,7 @@ def parse_network(obj: dict[str, Any]) -> Network:
 
     ipv4 = _subnet(s, spec, "ipv4Subnet", 4)
     ipv6 = _subnet(s, spec, "ipv6Subnet", 6)
-    external = _cidrs(s, spec.get("externalPrefixes"), "spec.externalPrefixes")
+    external = as_cidrs(s, spec.get("externalPrefixes"), "spec.externalPrefixes")
     if net_type in POD_NETWORK_TYPES and ipv4 is None and ipv6 is None:
         reason = f"required for type {net_type} unless spec.ipv6Subnet.prefix is set"
         s.fail("spec.ipv4Subnet.prefix", None, reason, "missing_field")
@@ -328,17 +322,17 @@ def parse_network(obj: dict[str, Any]) -> Network:
         ipv4_prefix=ipv4,
         ipv6_prefix=ipv6,
         external_prefixes=tuple(dict.fromkeys(external)),
-        labels=_sorted_pairs({**labels, NETWORK_LABEL: name}),
+        labels=sorted_pairs({**labels, NETWORK_LABEL: name}),
     )
 
 
-def _subnet(s: _Subject, spec: dict[str, Any], field: str, version: int) -> str | None:
+def _subnet(s: Subject, spec: dict[str, Any], field: str, version: int) -> str | None:
     """Canonical CIDR of spec.<field>.prefix, or None if there is none."""
-    subnet = _mapping(s, spec.get(field), f"spec.{field}")
+    subnet = as_mapping(s, spec.get(field), f"spec.{field}")
     if subnet.get("prefix") in (None, ""):
         return None
     p = f"spec.{field}.prefix"
-    cidr = _cidr(s, subnet["prefix"], p)
+    cidr = as_cidr(s, subnet["prefix"], p)
     if (":" in cidr) != (version == 6):
         s.fail(p, subnet["prefix"], f"not an IPv{version} CIDR", "invalid_cidr")
     return cidr
@@ -350,20 +344,20 @@ def _subnet(s: _Subject, spec: dict[str, Any], field: str, version: int) -> str 
 def parse_network_binding_policy(obj: dict[str, Any]) -> NetworkBindingPolicy:
     """A NetworkBindingPolicy. matchKind and rules must not be empty; a rule's selector is
     required (`{}` binds every pod or service of the policy's kinds)."""
-    s, _, _, name = _metadata(obj, "NetworkBindingPolicy", namespaced=False)
-    spec = _mapping(s, obj.get("spec"), "spec")
+    s, _, _, name = object_metadata(obj, "NetworkBindingPolicy", namespaced=False)
+    spec = as_mapping(s, obj.get("spec"), "spec")
 
-    raw_kinds = _list(s, spec.get("matchKind"), "spec.matchKind")
+    raw_kinds = as_list(s, spec.get("matchKind"), "spec.matchKind")
     if not raw_kinds:
         s.fail("spec.matchKind", None, "required", "missing_field")
     kinds: list[str] = []
     for i, item in enumerate(raw_kinds):
-        kind = _req_enum(s, item, f"spec.matchKind[{i}]", MATCH_KINDS)
+        kind = req_enum(s, item, f"spec.matchKind[{i}]", MATCH_KINDS)
         if kind in kinds:
             s.fail(f"spec.matchKind[{i}]", item, "duplicate", "duplicate_value")
         kinds.append(kind)
 
-    raw_rules = _list(s, spec.get("rules"), "spec.rules")
+    raw_rules = as_list(s, spec.get("rules"), "spec.rules")
     if not raw_rules:
         s.fail("spec.rules", None, "required", "missing_field")
     return NetworkBindingPolicy(
@@ -373,16 +367,16 @@ def parse_network_binding_policy(obj: dict[str, Any]) -> NetworkBindingPolicy:
     )
 
 
-def _binding_rule(s: _Subject, value: Any, p: str) -> BindingRule:
-    entry = _mapping(s, value, p)
+def _binding_rule(s: Subject, value: Any, p: str) -> BindingRule:
+    entry = as_mapping(s, value, p)
     network = _network_name(s, entry.get("network"), f"{p}.network")
     if entry.get("selector") is None:
         s.fail(f"{p}.selector", None, "required (use {} to select everything)", "missing_field")
-    selector = _mapping(s, entry["selector"], f"{p}.selector")
-    name = _opt_str(s, selector.get("name"), f"{p}.selector.name")
+    selector = as_mapping(s, entry["selector"], f"{p}.selector")
+    name = opt_str(s, selector.get("name"), f"{p}.selector.name")
     if name is not None and (len(name) > 253 or not _DNS_SUBDOMAIN_RE.fullmatch(name)):
         s.fail(f"{p}.selector.name", name, "must be a DNS subdomain", "invalid_name")
-    namespace = _opt_str(s, selector.get("namespace"), f"{p}.selector.namespace")
+    namespace = opt_str(s, selector.get("namespace"), f"{p}.selector.namespace")
     if namespace is not None and (len(namespace) > 63 or not _DNS_LABEL_RE.fullmatch(namespace)):
         s.fail(f"{p}.selector.namespace", namespace, "must be a DNS label", "invalid_name")
     return BindingRule(
@@ -397,8 +391,8 @@ def _binding_rule(s: _Subject, value: Any, p: str) -> BindingRule:
 
 def parse_network_routing_policy(obj: dict[str, Any]) -> NetworkRoutingPolicy:
     """A NetworkRoutingPolicy; both selectors are required."""
-    s, _, _, name = _metadata(obj, "NetworkRoutingPolicy", namespaced=False)
-    spec = _mapping(s, obj.get("spec"), "spec")
+    s, _, _, name = object_metadata(obj, "NetworkRoutingPolicy", namespaced=False)
+    spec = as_mapping(s, obj.get("spec"), "spec")
     return NetworkRoutingPolicy(
         name=name,
         src_selector=_label_selector(s, spec.get("srcSelector"), "spec.srcSelector"),
@@ -409,8 +403,8 @@ def parse_network_routing_policy(obj: dict[str, Any]) -> NetworkRoutingPolicy:
 def parse_service_routing_policy(obj: dict[str, Any]) -> ServiceRoutingPolicy:
     """A ServiceRoutingPolicy; src and dest selectors are required, serviceSelector is not
     (absent: every service of the destination networks)."""
-    s, _, _, name = _metadata(obj, "ServiceRoutingPolicy", namespaced=False)
-    spec = _mapping(s, obj.get("spec"), "spec")
+    s, _, _, name = object_metadata(obj, "ServiceRoutingPolicy", namespaced=False)
+    spec = as_mapping(s, obj.get("spec"), "spec")
     return ServiceRoutingPolicy(
         name=name,
         src_selector=_label_selector(s, spec.get("srcSelector"), "spec.srcSelector"),

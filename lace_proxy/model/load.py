@@ -20,7 +20,7 @@ from lace_proxy.model.endpointslice import EndpointSlice
 from lace_proxy.model.errors import ValidationError
 from lace_proxy.model.lace import LaceObject
 from lace_proxy.model.node import Node
-from lace_proxy.model.parse import parse_object
+from lace_proxy.model.objects import parse_object
 from lace_proxy.model.service import Service
 from lace_proxy.model.servicecidr import ServiceCIDR
 

@@ -11,6 +11,9 @@ HEADLESS_LABEL = "service.kubernetes.io/headless"
 
 DEFAULT_AFFINITY_TIMEOUT = 10800
 
+#: IPVS schedulers for ipvs.scheduler and the per-service annotation: those kube-proxy's
+#: validation accepts, plus mh (Maglev hashing, which kube-proxy refuses only by omission).
+IPVS_SCHEDULERS = ("rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh")
 #: Annotation choosing the service's IPVS scheduler (ipvs mode); unset means ipvs.scheduler.
 IPVS_SCHEDULER_ANNOTATION = "lace-proxy.lace-cni.io/ipvs-scheduler"
 #: kube-router's annotation for the same, read when IPVS_SCHEDULER_ANNOTATION is unset, so

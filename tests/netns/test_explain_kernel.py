@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from lace_proxy.cli import main
-from lace_proxy.dataplane.nftables import _h
+from lace_proxy.dataplane.nftables import name_hash
 from lace_proxy.demo.testbed import (
     CLIENT4,
     POD_CIDR4,
@@ -105,7 +105,7 @@ def test_kernel_agrees_with_allowed_and_denied_and_tells_a_tampered_set(
     assert denied(request_tcp(tb.client, UPLINK_NODE4, NODE_PORT))
 
     # Take the frontend out of default's reach set: the kernel now refuses what the table allows.
-    reach = f"reach-{_h('default')}-v4"
+    reach = f"reach-{name_hash('default')}-v4"
     nft(node, f"delete element inet lace-proxy {reach} {{ {VIP} . tcp . 80 }}")
     code, doc = explain(capsys, node, pod, f"{VIP}:80")
     assert (code, doc["verdict"]) == (0, "allowed")  # the table's verdict is unchanged
@@ -114,7 +114,7 @@ def test_kernel_agrees_with_allowed_and_denied_and_tells_a_tampered_set(
     assert denied(request_tcp(tb.pods[0], VIP, 80))  # and the kernel indeed differs
 
     # Let underlay in behind the table's back: a denied verdict the kernel does not enforce.
-    underlay = f"reach-{_h('underlay')}-v4"
+    underlay = f"reach-{name_hash('underlay')}-v4"
     nft(node, f"add element inet lace-proxy {underlay} {{ {VIP} . tcp . 80 }}")
     code, doc = explain(capsys, node, CLIENT4, f"{VIP}:80")
     assert (code, doc["kernel"]["status"]) == (1, "differs")

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import yaml
 
-from lace_proxy.config import IPVS_SCHEDULERS
 from lace_proxy.model import (
     LB_SOURCE_RANGES_ANNOTATION,
     Endpoint,
@@ -34,6 +33,7 @@ from lace_proxy.model import (
 )
 from lace_proxy.model.service import (
     IPVS_SCHEDULER_ANNOTATION,
+    IPVS_SCHEDULERS,
     KUBE_ROUTER_SCHEDULER_ANNOTATION,
 )
 

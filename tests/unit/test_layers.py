@@ -1,0 +1,98 @@
+"""The package's layers run one way: the model is the bottom layer (it imports nothing else of
+lace_proxy, the configuration included), its modules import one another without a circle, and
+no module reaches into another module's private names.
+
+Read from the source with `ast`, so that an import inside a function counts as much as one at
+the top: a lazy import is how a circle hides.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from graphlib import CycleError, TopologicalSorter
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "lace_proxy"
+MODEL = "lace_proxy.model"
+SANDBOX = "lace_proxy.sandbox"
+
+
+def module_name(path: Path) -> str:
+    """The dotted name a file is imported as (a package's __init__.py is the package)."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> Iterator[tuple[str, str | None]]:
+    """(module, name) of every import anywhere in the file; name is None for `import module`.
+    Relative imports are resolved, so that `from .parse import _x` is seen as what it is."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, None
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                package = module_name(path).split(".")
+                if path.name != "__init__.py":
+                    package.pop()
+                base = package[: len(package) - node.level + 1]
+                module = ".".join([*base, module] if module else base)
+            for alias in node.names:
+                yield module, alias.name
+
+
+def ours(module: str, prefix: str = "lace_proxy") -> bool:
+    """`module` is `prefix` or inside it (a bare startswith would take lace_proxy_x too)."""
+    return module == prefix or module.startswith(f"{prefix}.")
+
+
+def private(name: str) -> bool:
+    """A leading underscore; dunders such as __version__ are public by convention."""
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+MODEL_MODULES = {name: path for name, path in MODULES.items() if ours(name, MODEL)}
+
+
+@pytest.mark.parametrize("module", sorted(MODEL_MODULES))
+def test_the_model_imports_nothing_above_it(module: str) -> None:
+    """Not the configuration either: what the model validates against lives in the model."""
+    above = {m for m, _ in imports(MODEL_MODULES[module]) if ours(m) and not ours(m, MODEL)}
+    assert not above, f"{module} imports {sorted(above)}"
+
+
+def test_the_model_modules_import_one_another_without_a_circle() -> None:
+    graph: dict[str, set[str]] = {}
+    for module, path in MODEL_MODULES.items():
+        targets = graph.setdefault(module, set())
+        for imported, name in imports(path):
+            if not ours(imported, MODEL):
+                continue
+            # `from lace_proxy.model import fields` imports the submodule, not the package.
+            submodule = f"{imported}.{name}"
+            targets.add(submodule if submodule in MODEL_MODULES else imported)
+    try:
+        TopologicalSorter(graph).prepare()
+    except CycleError as error:
+        pytest.fail(f"import circle: {' -> '.join(error.args[1])}")
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """A helper used by two modules gets a public name (and a docstring) where it lives."""
+    found = []
+    for module, path in MODULES.items():
+        for imported, name in imports(path):
+            if name is None or not ours(imported) or imported == module or not private(name):
+                continue
+            # The sandbox (a test cluster's tooling) shares helpers among its own modules;
+            # it is not part of the proxy's layers.
+            if ours(module, SANDBOX) and ours(imported, SANDBOX):
+                continue
+            found.append(f"{module}: from {imported} import {name}")
+    assert not found, "\n".join(found)
