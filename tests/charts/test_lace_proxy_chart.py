@@ -15,7 +15,8 @@ import helm_python
 import pytest
 import yaml
 
-from lace_proxy.cli import build_parser, cmd_run
+from lace_proxy.cli import build_parser
+from lace_proxy.cli.run import cmd_run
 from lace_proxy.config import ProxyConfig, add_config_flags, config_from_args, load_config
 from lace_proxy.model import LACE_GROUP_VERSION
 from lace_proxy.sources.kube import resources as watched_resources

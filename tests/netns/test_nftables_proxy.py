@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from lace_proxy.cli import nftables_settings
+from lace_proxy.app import nftables_settings
 from lace_proxy.config import load_config
 from lace_proxy.demo.testbed import (
     CLIENT4,

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from lace_proxy import config as cfg
-from lace_proxy.cli import nftables_settings
+from lace_proxy.app import nftables_settings
 from lace_proxy.config import (
     LACE_API_VERSION,
     UPSTREAM_API_VERSION,

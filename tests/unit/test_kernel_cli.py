@@ -13,16 +13,11 @@ from typing import Any
 
 import pytest
 
-from lace_proxy.cli import (
-    IPVS_UNAVAILABLE,
-    _ipvs_plans,
-    _ipvs_text,
-    build_parser,
-    kernel_document,
-    main,
-)
+from lace_proxy.cli import build_parser, main
+from lace_proxy.cli.kernel import ipvs_plans
 from lace_proxy.config import config_from_args
 from lace_proxy.dataplane.ipvs import KernelView, RealServer, Target, VirtualServer
+from lace_proxy.dataplane.ipvs_report import IPVS_UNAVAILABLE, ipvs_text, kernel_document
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "lace_proxy" / "demo" / "manifests"
 IPVS_ARGS = ["--manifests", str(EXAMPLES), "--proxy-mode", "ipvs"]
@@ -93,9 +88,9 @@ def report(view: KernelView, output: str = "text") -> tuple[int, str]:
     """The command's report for this kernel view and the example manifests (exit code, text)."""
     args = build_parser().parse_args(["kernel", *IPVS_ARGS, *NODE])
     cfg = config_from_args(args)
-    backend, plans = _ipvs_plans(args, cfg)  # reads the manifests; touches no kernel
+    backend, plans = ipvs_plans(args, cfg)  # reads the manifests; touches no kernel
     doc = kernel_document(cfg, backend, plans, view)
-    text = json.dumps(doc) if output == "json" else _ipvs_text(doc)
+    text = json.dumps(doc) if output == "json" else ipvs_text(doc)
     return (0 if doc["inSync"] else 1), text
 
 

@@ -18,7 +18,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "lace_proxy"
 MODEL = "lace_proxy.model"
-SANDBOX = "lace_proxy.sandbox"
 
 
 def module_name(path: Path) -> str:
@@ -89,10 +88,6 @@ def test_no_module_imports_another_modules_private_names() -> None:
     for module, path in MODULES.items():
         for imported, name in imports(path):
             if name is None or not ours(imported) or imported == module or not private(name):
-                continue
-            # The sandbox (a test cluster's tooling) shares helpers among its own modules;
-            # it is not part of the proxy's layers.
-            if ours(module, SANDBOX) and ours(imported, SANDBOX):
                 continue
             found.append(f"{module}: from {imported} import {name}")
     assert not found, "\n".join(found)
