@@ -465,23 +465,17 @@ class IpvsBackend:
         if not gone:
             return 0
         flows = self.nft.rescue_udp_replies([_flows_to(vs, server) for vs, server in gone])
-        of: dict[tuple[str, int, str, int], list[UdpFlow]] = {}
-        for f in flows:
-            of.setdefault(_flow_key(f.frontend, f.frontend_port, f.pod, f.pod_port), []).append(f)
         count = 0
-        # A flow's packet that arrives between its server's deletion and its entry's is
-        # dropped: the socket is open before the first deletion, and each server's flows go
-        # right after it, with nothing in between.
-        with Conntrack() as ct:
-            for vs, server in gone:
-                try:
-                    _call(ipvs.dest, "del", service=_key(vs), dest=_dest(server, 0))
-                    count += 1
-                except RuntimeError as exc:
-                    failed.append(str(exc))
-                _delete_conntrack(ct, of.get(_flow_key(vs.address, vs.port, *server), []))
-        # Then whatever appeared since the listing, by endpoint (a flow of another virtual
-        # service that keeps the server just makes a new entry).
+        for vs, server in gone:
+            try:
+                _call(ipvs.dest, "del", service=_key(vs), dest=_dest(server, 0))
+                count += 1
+            except RuntimeError as exc:
+                failed.append(str(exc))
+        # At once, over netlink (a packet in between is dropped), then whatever appeared
+        # since the listing, by endpoint (a flow of another virtual service that keeps the
+        # server just makes a new entry).
+        _delete_conntrack(flows)
         if self.nft.conntrack is not None:
             self.nft.conntrack.delete_udp(sorted({_flows_to(None, s) for _, s in gone}))
         return count
@@ -673,33 +667,26 @@ def _flows_to(vs: VirtualServer | None, server: tuple[str, int]) -> Filter:
     return (*family, *frontend, "--reply-src", server[0], "--reply-port-src", str(server[1]))
 
 
-def _flow_key(frontend: str, port: int, server: str, server_port: int) -> tuple[str, int, str, int]:
-    """A flow's virtual service and real server, addresses in one spelling."""
-    return (
-        str(ipaddress.ip_address(frontend)),
-        port,
-        str(ipaddress.ip_address(server)),
-        server_port,
-    )
-
-
-def _delete_conntrack(ct: Conntrack, flows: list[UdpFlow]) -> None:
-    """Delete these UDP conntrack entries by their original tuple (over `ct`, a netlink
-    socket on this thread's namespace); one already gone is fine."""
-    for f in flows:
-        origin = NFCTAttrTuple(
-            family=socket.AF_INET6 if f.family == 6 else socket.AF_INET,
-            saddr=f.client,
-            daddr=f.frontend,
-            proto=socket.IPPROTO_UDP,
-            sport=f.client_port,
-            dport=f.frontend_port,
-        )
-        try:
-            ct.entry("del", tuple_orig=origin)
-        except NetlinkError as exc:
-            if exc.code != errno.ENOENT:
-                log.warning("conntrack: deleting %s failed: %s", f, exc)
+def _delete_conntrack(flows: list[UdpFlow]) -> None:
+    """Delete these UDP conntrack entries by their original tuple (one netlink socket, on
+    this thread's namespace); one already gone is fine."""
+    if not flows:
+        return
+    with Conntrack() as ct:
+        for f in flows:
+            origin = NFCTAttrTuple(
+                family=socket.AF_INET6 if f.family == 6 else socket.AF_INET,
+                saddr=f.client,
+                daddr=f.frontend,
+                proto=socket.IPPROTO_UDP,
+                sport=f.client_port,
+                dport=f.frontend_port,
+            )
+            try:
+                ct.entry("del", tuple_orig=origin)
+            except NetlinkError as exc:
+                if exc.code != errno.ENOENT:
+                    log.warning("conntrack: deleting %s failed: %s", f, exc)
 
 
 def _dest(server: tuple[str, int], weight: int) -> Any:
