@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
 from lace_proxy.model import LACE_GROUP_VERSION, ZONE_LABEL
@@ -27,11 +26,10 @@ from testkit.controlplane.faultproxy import FaultProxy
 from testkit.controlplane.faults import Cut, can_cut
 from testkit.controlplane.pytest_plugin import control_plane, real_kube
 
+from . import crdschema
 from .helpers import Recorder, api_service, api_slice
 
 __all__ = ["control_plane", "real_kube"]  # fixtures, re-exported for the conftest
-
-NETWORKS_CHART = Path(__file__).resolve().parent.parent / "charts" / "lace-networks"
 
 #: The real server sends a watch nothing while its resource does not change, not even a
 #: bookmark, until it ends the watch at timeoutSeconds (3..6 s here), with a bookmark 2 s
@@ -45,8 +43,9 @@ REAL = Timing(
     rediscover=0.2,
 )
 
-CRDS = [yaml.safe_load(p.read_text()) for p in sorted((NETWORKS_CHART / "crds").glob("*.yaml"))]
-LACE_PLURALS = {crd["spec"]["names"]["kind"]: crd["spec"]["names"]["plural"] for crd in CRDS}
+#: The chart's CRDs, as Helm installs them (read once, by crdschema).
+CRDS = [doc for _, doc in crdschema.CRDS.values()]
+LACE_PLURALS = {kind: doc["spec"]["names"]["plural"] for kind, (_, doc) in crdschema.CRDS.items()}
 _COLLECTIONS = {
     "Service": "/api/v1/namespaces/{namespace}/services",
     "EndpointSlice": "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices",

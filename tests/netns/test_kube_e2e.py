@@ -39,18 +39,6 @@ def create(admin: Rest, namespace: str, obj: dict[str, Any]) -> dict[str, Any]:
     return admin.create(obj)
 
 
-def replace(admin: Rest, namespace: str, obj: dict[str, Any]) -> None:
-    obj["metadata"]["namespace"] = namespace
-    kind, name = obj["kind"], obj["metadata"]["name"]
-    path = f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices/{name}"
-    assert kind == "EndpointSlice"
-    status, current = admin.call("GET", path)
-    assert status == 200, current
-    obj["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-    status, body = admin.call("PUT", path, obj)
-    assert status == 200, body
-
-
 def test_services_from_the_api_carry_traffic_and_follow_endpoints(
     make_testbed: Callable[..., Testbed],
     control_plane: ControlPlane,
@@ -87,7 +75,9 @@ def test_services_from_the_api_carry_traffic_and_follow_endpoints(
             terminating = endpoints(
                 "web", tb.pods[2:], name="web-b", ready=False, serving=True, terminating=True
             )
-            replace(admin, namespace, terminating)
+            admin.merge(
+                "EndpointSlice", "web-b", {"endpoints": terminating["endpoints"]}, namespace
+            )
             await eventually(lambda: same({"pod1", "pod2"}))
             # The ready ones go: the terminating (still serving) endpoint takes over.
             admin.delete("EndpointSlice", "web-a", namespace)
@@ -154,7 +144,10 @@ def test_an_api_outage_keeps_traffic_flowing_degrades_health_and_converges(
             await eventually(lambda: same({"pod1", "pod2", "pod3"}))
             assert health.healthz()[0] == 200
             cut.cut()
-            replace(admin, namespace, endpoints("web", tb.pods[:1], name="web-a"))  # unseen
+            one = endpoints("web", tb.pods[:1], name="web-a")
+            admin.merge(
+                "EndpointSlice", "web-a", {"endpoints": one["endpoints"]}, namespace
+            )  # unseen
             await asyncio.sleep(1.5)
             assert await same({"pod1", "pod2", "pod3"})  # the kernel keeps serving
             assert health.healthz()[0] == 503
