@@ -18,6 +18,7 @@ from pathlib import Path
 
 from lace_proxy import __version__, implementation
 from lace_proxy.config import ProxyConfig
+from lace_proxy.dataplane.base import Dataplane
 from lace_proxy.dataplane.conntrack import Conntrack
 from lace_proxy.dataplane.egress import EgressSettings, EgressSnat
 from lace_proxy.dataplane.ipvs import IpvsBackend, IpvsSettings
@@ -69,9 +70,7 @@ def nftables_settings(cfg: ProxyConfig) -> NftablesSettings:
     )
 
 
-def dataplane(
-    cfg: ProxyConfig, metrics: ProxyMetrics | None = None
-) -> NftablesBackend | IpvsBackend:
+def dataplane(cfg: ProxyConfig, metrics: ProxyMetrics | None = None) -> Dataplane:
     """The backend for the configured mode (IPVS mode keeps nftables, without translation)."""
     moved = None if metrics is None else metrics.record_udp_flows_moved
     nft = NftablesBackend(nftables_settings(cfg), Nft(), Conntrack(), udp_flows_moved=moved)
@@ -247,7 +246,7 @@ class SourceError(Exception):
 
 def computed_proxier(
     cfg: ProxyConfig,
-    backend: NftablesBackend | IpvsBackend | None = None,
+    backend: Dataplane | None = None,
     *,
     on_reject: Callable[[ValidationError], None],
     nodes: dict[str, Node] | None = None,

@@ -5,7 +5,8 @@ wake the loop. The loop coalesces changes: at most one sync per `min_sync_period
 reconcile every `sync_period`, and nothing is programmed before every source has
 delivered its initial state. The dataplane runs in its own thread (pyroute2 and the nft
 subprocess must stay off the uvloop loop); a failed sync commits nothing and the next
-one is a full reconcile, retried with exponential backoff (see `retry_delay`).
+one is a full reconcile, retried with exponential backoff (see `retry_delay`). What it
+calls on the dataplane is the contract in `lace_proxy.dataplane.base`.
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
 
-from lace_proxy.dataplane.nftables import FullSyncRequired
+from lace_proxy.dataplane.base import Dataplane, FullSyncRequired
 from lace_proxy.dataplane.routes import PolicyRoutes
 from lace_proxy.health import (
     HealthCheckPorts,
@@ -30,19 +30,9 @@ from lace_proxy.metrics import ProxyMetrics
 from lace_proxy.model import EndpointSlice, LaceObject, Node, Service, ServiceCIDR
 from lace_proxy.networks.graph import Condition, NetworkLayout
 from lace_proxy.networks.view import NetworkView
-from lace_proxy.table import Access, Changeset, ServiceTable
+from lace_proxy.table import Access, ServiceTable
 
 log = logging.getLogger(__name__)
-
-
-class Dataplane(Protocol):
-    """What the proxier needs of a backend (nftables now, IPVS later)."""
-
-    def full_sync(
-        self, plans: Iterable[Any], changes: Changeset | None, layout: NetworkLayout
-    ) -> int: ...
-    def apply(self, changes: Changeset, layout: NetworkLayout) -> int: ...
-    def node_addresses_changed(self, addresses: tuple[str, ...]) -> bool: ...
 
 
 @dataclass

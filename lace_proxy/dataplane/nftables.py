@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lace_proxy.dataplane import rescue
+from lace_proxy.dataplane.base import NO_NETWORKS, FullSyncRequired
 from lace_proxy.dataplane.conntrack import (
     Conntrack,
     Filter,
@@ -93,14 +94,6 @@ FAMILIES = (4, 6)
 #: What adopting a previous process's affinity ids reads: the ids, then the endpoints.
 AFFINITY_IDS = tuple(f"affinity{k}-ids-v{f}" for f in FAMILIES for k in ("", "-nodeport"))
 AFFINITY_ENDPOINTS = tuple(f"{k}endpoints-v{f}" for f in FAMILIES for k in ("", "nodeport-"))
-
-
-#: The layout without Network objects: plain kube-proxy.
-NO_NETWORKS = NetworkLayout()
-
-
-class FullSyncRequired(Exception):
-    """A change needs objects only a full sync can make; nothing was applied."""
 
 
 @dataclass(frozen=True)
