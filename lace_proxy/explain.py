@@ -29,9 +29,9 @@ from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from lace_proxy.dataplane.nftables import (
-    KernelState,
-    NftablesSettings,
+from lace_proxy.dataplane.nftables import NftablesSettings
+from lace_proxy.dataplane.nftables.kernel import KernelState
+from lace_proxy.dataplane.nftables.render import (
     Rendered,
     Renderer,
     allows_all,
@@ -412,7 +412,7 @@ def _find_frontend(state: State, q: Query) -> tuple[Any, Any, str | None] | None
 
 
 def _node_port_addresses(state: State) -> set[str]:
-    """The node's addresses that answer NodePorts (as `Renderer._nodeport_match`)."""
+    """The node's addresses that answer NodePorts (as `Skeleton.nodeport_match`)."""
     s = state.settings
     addresses = state.node.internal_ips if s.node_port_primary else state.node.addresses
     return {

@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lace_proxy.dataplane.nft import Nft, Transaction
-from lace_proxy.dataplane.nftables import IFNAME_PREFIX, TABLE_NAME
+from lace_proxy.dataplane.nftables.settings import IFNAME_PREFIX, TABLE_NAME
 
 FAMILIES = (4, 6)
 Ranges = dict[int, list[tuple[str, str, str]]]  # family -> [(first, last, source)]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from lace_proxy.cli import main
-from lace_proxy.dataplane.nftables import name_hash
+from lace_proxy.dataplane.nftables.render import name_hash
 from lace_proxy.demo.testbed import (
     CLIENT4,
     POD_CIDR4,

@@ -1,0 +1,76 @@
+"""ClientIP session affinity's ids: which remembered choices are still valid.
+
+An IPv4 service port with ClientIP affinity shares the `alb`/`aext`/`anp` chains with every
+other such port (render.py): the chains mark a connection with the port's id, and the
+packet path remembers (client, id) -> endpoint in the map `affinity-v4`. The id is what
+keeps one port's remembered endpoints from another's, and what forgets them when an
+endpoint leaves. A restarted process adopts the ids its predecessor programmed (read back
+by kernel.adoptable_affinity_ids), so that clients keep their endpoints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+
+class AffinityIds:
+    """Unique 32-bit ids (conntrack marks) for service ports with ClientIP affinity.
+
+    A client's remembered endpoint is keyed by (client, id), so two live service ports must
+    never share an id. When an endpoint leaves a service port, the port gets a fresh id:
+    every remembered choice of the old id is orphaned (and idles out), so no client is sent
+    to an endpoint that is gone (clients of the remaining endpoints choose again).
+    """
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+        self._owners: dict[int, str] = {}
+        self._backends: dict[str, frozenset[tuple[str, int]]] = {}
+        self._serial = 0
+
+    def assign(self, plan_id: str, backends: frozenset[tuple[str, int]]) -> None:
+        if plan_id in self._ids:
+            if self._backends[plan_id] <= backends:  # only additions: choices stay valid
+                self._backends[plan_id] = backends
+                return
+            self.release(plan_id)
+        self._serial += 1
+        seed = f"{plan_id}#{self._serial}".encode()
+        value = int.from_bytes(hashlib.blake2b(seed, digest_size=4).digest(), "big") or 1
+        while value in self._owners:
+            value = value % 0xFFFFFFFF + 1  # never 0: that is "no affinity"
+        self._ids[plan_id] = value
+        self._owners[value] = plan_id
+        self._backends[plan_id] = backends
+
+    def adopt(self, plan_id: str, value: int, backends: frozenset[tuple[str, int]]) -> None:
+        """Take over the id a previous process gave the plan, with the endpoints it had."""
+        if plan_id not in self._ids and value not in self._owners and 0 < value <= 0xFFFFFFFF:
+            self._ids[plan_id] = value
+            self._owners[value] = plan_id
+            self._backends[plan_id] = backends
+
+    def release(self, plan_id: str) -> None:
+        value = self._ids.pop(plan_id, None)
+        if value is not None:
+            del self._owners[value]
+            del self._backends[plan_id]
+
+    def get(self, plan_id: str) -> str:
+        return f"{self._ids[plan_id]:#010x}"
+
+    def keep_only(self, plan_ids: set[str]) -> None:
+        for plan_id in set(self._ids) - plan_ids:
+            self.release(plan_id)
+
+
+def backend_set(plan: Any) -> frozenset[tuple[str, int]]:
+    """The endpoints a plan's id stands for (those its clients may have remembered)."""
+    return frozenset((b.ip, b.port) for b in (*plan.cluster_backends, *plan.local_backends))
+
+
+def needs_id(plan: Any) -> bool:
+    """Whether the plan's affinity is data (an id in the shared maps): IPv4, and not under
+    externalTrafficPolicy Local, which keep kube-proxy's per-endpoint chains instead."""
+    return bool(plan.affinity_timeout) and plan.family == 4 and not plan.external_local

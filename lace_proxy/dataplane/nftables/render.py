@@ -1,0 +1,552 @@
+"""Plans and the network layout as nf_tables objects, deterministically.
+
+Dispatch is kube-proxy's (verdict maps keyed by `address . protocol . port`, and
+`protocol . port` for NodePorts), but a service port is data, not chains, so that the
+table stays fast at tens of thousands of services: the kernel's cost of a transaction
+grows with the number of chains (nft re-reads them all; the kernel re-validates jumps),
+and anonymous sets bound in rules cost quadratically when many are loaded at once.
+
+- `service-ips-v4` sends a frontend to a shared chain `lb-v4-N` (N: its endpoint count),
+  which DNATs by looking up `address . protocol . port . (numgen random mod N)` in the
+  data map `endpoints-v4`. External frontends go through `ext-v4-N` (masquerade first),
+  NodePorts through `np-v4-N` (map `nodeport-endpoints-v4`), and externalTrafficPolicy
+  Local through `xl-v4-N-M` / `npl-v4-N-M` (pods and the node itself use the N cluster
+  endpoints, others the M local ones in `local-endpoints-v4` / `nodeport-local-endpoints-v4`).
+  These chains are shared by every service with the same counts.
+- Hairpin traffic (a pod reaching itself through a service) is masqueraded in postrouting
+  by the set `hairpin-v4` of `endpoint . endpoint` pairs.
+- loadBalancerSourceRanges are the sets `firewall-ips-v4` and `firewall-allow-v4`.
+- Services with ClientIP affinity keep kube-proxy's per-service layout (`svc-*`, `local-*`,
+  `ext-*` chains, an `ep-*` chain and an affinity set per endpoint) under
+  externalTrafficPolicy Local and for IPv6, since the choice must be remembered per
+  endpoint there; they are the only per-service chains. IPv4 affinity is data too
+  (affinity.py).
+- reject/drop for services without (local) endpoints happen in filter chains, before
+  routing, because a DNAT never happens for them.
+- A new connection to an address of the service CIDRs that no Service holds is dropped
+  (`clusterip-ranges-v4`: the ServiceCIDR objects' ranges, else `lace.serviceCIDRs`), as in
+  kube-proxy's nftables mode: it is neither forwarded nor sent out of the node's uplink.
+
+Per-service chain names are hashes of the plan id (object names never reach nft as
+identifiers); the plan id is attached as the chain's comment when it is made of safe
+characters only. Rendering is deterministic, so the objects a plan produced can be
+recomputed from the plan: an update diffs old against new and touches only what changed.
+The chains and maps all of this runs in are the skeleton's (skeleton.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import ipaddress
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from lace_proxy.dataplane.nftables.affinity import AffinityIds
+from lace_proxy.dataplane.nftables.settings import NftablesSettings
+from lace_proxy.dataplane.nftables.skeleton import (
+    ACCESS_CHAINS,
+    DENY,
+    FAMILIES,
+    Skeleton,
+    addr_type,
+    family_cidrs,
+    ip_keyword,
+)
+from lace_proxy.networks.graph import NetworkLayout
+from lace_proxy.prefixes import covered
+
+#: Shared chain kinds: lb (DNAT by endpoint count), ext (masquerade, then lb), npc (NodePort
+#: DNAT), np (masquerade, then npc), xl / npl (externalTrafficPolicy Local, by local count);
+#: alb / aext / anp: the same with ClientIP affinity; arec-vF-T records affinity (T seconds).
+SHARED_KINDS = ("lb", "ext", "npc", "np", "xl", "npl", "alb", "aext", "anp")
+#: Shared chains that look up a data map declared with `typeof` (see PRECREATED_COUNTS).
+FULL_SYNC_ONLY = ("lb", "npc", "xl", "npl")
+#: Counts 1..this get their shared chains in every full sync. nft (1.0.6) cannot add a rule
+#: that looks up a data map read back from the kernel, so a chain for a new count can only
+#: be made together with the maps, in a full sync.
+PRECREATED_COUNTS = 16
+#: A shared chain's name: KIND-vF-COUNT.
+SHARED_CHAIN = re.compile(rf"^(?:{'|'.join((*SHARED_KINDS, 'arec'))})-v[46]-[0-9]+$")
+#: The node's own connection to a ClusterIP outside lace.serviceCIDRs, in IPVS mode: no route
+#: to the proxy (nftables mode lets it leave by the node's routes).
+UNROUTED = "reject with icmpx no-route"
+#: A comment nft takes without quoting trouble (plan ids and network names usually are).
+SAFE_COMMENT = re.compile(r"^[A-Za-z0-9._:/-]{1,128}$")
+
+
+def name_hash(*parts: object) -> str:
+    """A short lowercase hash of `parts` for nft object names (names from the API never reach
+    nft as identifiers); explain recomputes the names it looks for with it."""
+    digest = hashlib.blake2b("\0".join(map(str, parts)).encode(), digest_size=10).digest()
+    return base64.b32encode(digest).decode().lower()
+
+
+def _dnat_target(ip: str, port: int, family: int) -> str:
+    return f"{ip}:{port}" if family == 4 else f"[{ip}]:{port}"
+
+
+@dataclass
+class Rendered:
+    """The nf_tables objects of a plan (merged: of a table): chains with their rules, map and
+    set elements, sets."""
+
+    chains: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    comments: dict[str, str] = field(default_factory=dict)
+    elements: dict[str, set[str]] = field(default_factory=dict)  # map/set name -> elements
+    sets: dict[str, str] = field(default_factory=dict)  # name -> spec
+    # Elements several plans may hold (a ClusterIP of several ports, an endpoint of several
+    # services): the backend counts references and programs each once.
+    shared: set[tuple[str, str]] = field(default_factory=set)
+    needs: set[str] = field(default_factory=set)  # shared chains (lb-*, ext-*, ...) used
+
+    def element(self, container: str, value: str) -> None:
+        self.elements.setdefault(container, set()).add(value)
+
+    def merge(self, other: Rendered) -> None:
+        """Add `other`'s objects: several plans' (and the layout's) make one table."""
+        self.chains.update(other.chains)
+        self.comments.update(other.comments)
+        self.sets.update(other.sets)
+        self.shared |= other.shared
+        self.needs |= other.needs
+        for container, values in other.elements.items():
+            self.elements.setdefault(container, set()).update(values)
+
+
+class Renderer(Skeleton):
+    """Turns plans and the network layout into nf_tables objects, on the skeleton's."""
+
+    def __init__(self, settings: NftablesSettings) -> None:
+        super().__init__(settings)
+        self.affinity_ids = AffinityIds()
+        self._has_cluster_cidrs = {
+            f: bool(family_cidrs(settings.cluster_cidrs, f)) for f in FAMILIES
+        }
+
+    def render(self, plan: Any) -> Rendered:
+        """The plan's objects (its affinity id, if it needs one, assigned already)."""
+        out = Rendered()
+        fam = plan.family
+        v = f"v{fam}"
+        out.shared.add((f"cluster-ips-{v}", plan.cluster_ip))
+        for b in (*plan.cluster_backends, *plan.local_backends):
+            out.shared.add((f"hairpin-{v}", f"{b.ip} . {b.ip}"))
+        if plan.affinity_timeout and (plan.external_local or fam == 6) and self.s.translate:
+            # Per-endpoint state, as kube-proxy: affinity under externalTrafficPolicy Local
+            # (rare), and IPv6 affinity (nft 1.0.6 cannot record an IPv6 address . port).
+            self._render_chained(plan, out)
+        else:
+            self._render_data(plan, out)
+        if plan.lb_ips and plan.lb_source_ranges and not allows_all(plan.lb_source_ranges):
+            key = f"{plan.protocol.lower()} . {plan.port}"
+            sources = plan.lb_source_ranges
+            if any(covered(a, sources) for a in self.node_addresses):
+                # The ranges let the node in. A VIP-style load balancer puts its IP on the
+                # node, whose own connection to it then has the LB IP as its source (as
+                # kube-proxy's allowFromNode).
+                sources = (*sources, *plan.lb_ips)
+            # Per frontend (one owner each: claims), and without overlaps, which an
+            # interval set refuses.
+            ranges = _collapsed(sources)
+            for address in plan.lb_ips:
+                out.element(f"firewall-ips-{v}", f"{address} . {key}")
+                for cidr in ranges:
+                    out.element(f"firewall-allow-{v}", f"{address} . {key} . {cidr}")
+        if plan.access is not None:
+            self.render_access(plan, out)
+        if not self.s.translate:
+            # IPVS mode: these addresses are the node's own (on the dummy interface); only
+            # their service ports may pass (ipvs-ports-check).
+            key = f"{plan.protocol.lower()} . {plan.port}"
+            for address in (plan.cluster_ip, *plan.external_ips, *plan.lb_ips):
+                out.element(f"service-ports-{v}", f"{address} . {key}")
+                out.shared.add((f"ipvs-addresses-{v}", address))
+        return out
+
+    @staticmethod
+    def render_access(plan: Any, out: Rendered) -> None:
+        """The Lace network model: every frontend is controlled, reachable from its sources.
+
+        Static, so that explain can run it on a stand-in plan to learn the elements it writes.
+        """
+        v = f"v{plan.family}"
+        proto = plan.protocol.lower()
+        frontends = [
+            f"{address} . {proto} . {plan.port}"
+            for address in (plan.cluster_ip, *plan.external_ips, *plan.lb_ips)
+        ]
+        node_port = f"{proto} . {plan.node_port}" if plan.node_port else None
+        for frontend in frontends:
+            out.element(f"controlled-{v}", frontend)
+        if node_port:
+            out.element(f"controlled-nodeports-{v}", node_port)
+        for source in plan.access.sources:
+            h = name_hash(source)
+            for frontend in frontends:
+                out.element(f"reach-{h}-{v}", frontend)
+            if node_port:
+                out.element(f"reach-nodeports-{h}-{v}", node_port)
+
+    def render_networks(self, layout: NetworkLayout) -> Rendered:
+        """The layout's objects: the service CIDRs, and the network model's source
+        classification and per-network checks.
+
+        A new connection's source is classified by one interval-map lookup into a chain
+        `from-<network>`, which lets it through to the frontends its network may reach (sets
+        filled by the plans) and sends it to `deny` otherwise, where only frontends are refused.
+        The node's own traffic is checked in output, as host-local (or no identity).
+        """
+        out = Rendered()
+        for cidr in clusterip_ranges(layout, self.s):
+            out.element(f"clusterip-ranges-v{ipaddress.ip_network(cidr).version}", cidr)
+        if not layout.enabled:
+            for name in ACCESS_CHAINS:
+                out.chains[name] = ()  # emptied, not deleted: the base chains jump to them
+            return out
+        out.chains["access"] = (
+            'iif "lo" return',  # the node's own traffic, checked in output already
+            "ip saddr vmap @source-networks-v4",
+            "ip6 saddr vmap @source-networks-v6",
+            "goto deny",  # no identity: reaches no frontend
+        )
+        host = f"goto from-{name_hash(layout.host_local)}" if layout.host_local else "goto deny"
+        prefix = self.s.pod_interface_prefix
+        local_pods = f' oifname != "{prefix}*"' if prefix else ""
+        out.chains["host-access"] = (
+            # A NodePort on the node's own address is never answered from the node itself.
+            *(
+                f"{self.nodeport_match(fam)} meta l4proto . th dport"
+                f" @controlled-nodeports-v{fam} drop"
+                for fam in FAMILIES
+            ),
+            # Pod networks host-local is not peered to, except this node's own pods.
+            *(
+                f"{ip_keyword(fam)} daddr @host-unpeered-v{fam}"
+                f" {ip_keyword(fam)} daddr != @local-pod-cidrs-v{fam}{local_pods} {DENY}"
+                for fam in FAMILIES
+            ),
+            host,
+        )
+        # The addresses that classify into such a network (a peered longer prefix inside an
+        # unpeered network's stays reachable), from the same disjoint ranges as the sources.
+        pod_networks = {n for _, n in layout.pod_prefixes}
+        for fam, first, last, network in layout.ranges:
+            if network in pod_networks and network not in layout.host_peers:
+                span = first if first == last else f"{first}-{last}"
+                out.element(f"host-unpeered-v{fam}", span)
+        for cidr in _collapsed(layout.local_pod_cidrs):
+            out.element(f"local-pod-cidrs-v{ipaddress.ip_network(cidr).version}", cidr)
+        # Not proxied: nftables lets the packet go by the node's routes; IPVS would take it
+        # anyway (the address is local), so it is refused as unroutable there.
+        unproxied = "accept" if self.s.translate else UNROUTED
+        out.chains["unproxied"] = tuple(
+            f"{ip_keyword(fam)} daddr @cluster-ips-v{fam}"
+            f" {ip_keyword(fam)} daddr != @service-cidrs-v{fam} {unproxied}"
+            for fam in FAMILIES
+        )
+        for network in layout.networks:
+            h = name_hash(network)
+            rules = []
+            for fam in FAMILIES:
+                v, ip = f"v{fam}", ip_keyword(fam)
+                for name, spec in (
+                    (f"reach-{h}-{v}", f"type {addr_type(fam)} . inet_proto . inet_service;"),
+                    (f"reach-nodeports-{h}-{v}", "type inet_proto . inet_service;"),
+                ):
+                    out.sets[name] = spec
+                rules.append(f"{ip} daddr . meta l4proto . th dport @reach-{h}-{v} return")
+                rules.append(
+                    f"{self.nodeport_match(fam)} meta l4proto . th dport"
+                    f" @reach-nodeports-{h}-{v} return"
+                )
+            rules.append("goto deny")
+            out.chains[f"from-{h}"] = tuple(rules)
+            if SAFE_COMMENT.match(network):
+                out.comments[f"from-{h}"] = network
+        for fam, first, last, network in layout.ranges:
+            span = first if first == last else f"{first}-{last}"
+            out.element(f"source-networks-v{fam}", f"{span} : goto from-{name_hash(network)}")
+        return out
+
+    def _render_data(self, plan: Any, out: Rendered) -> None:
+        """A service port as map elements pointing at shared chains."""
+        v = f"v{plan.family}"
+        proto = plan.protocol.lower()
+        key = f"{proto} . {plan.port}"
+        cluster = _ordered(plan.cluster_backends)
+        local = _ordered(plan.local_backends)
+
+        def endpoints(container: str, prefix: str, backends: list[Any]) -> None:
+            for i, b in enumerate(backends):
+                out.element(container, f"{prefix} . {i} : {b.ip} . {b.port}")
+
+        # ClientIP affinity: the "a" chains mark the connection with the plan's affinity id
+        # and DNAT to the endpoint remembered for (client, frontend, id) if there is one;
+        # postrouting records the endpoint chosen (see base()).
+        affinity = plan.affinity_timeout if self.s.translate else 0
+        a = "a" if affinity else ""
+        aid = self.affinity_ids.get(plan.id) if affinity else ""
+        if affinity:
+            # jump, not goto: nat-postrouting must go on to masquerade after recording.
+            out.element(f"affinity-record-{v}", f"{aid} : jump arec-{v}-{affinity}")
+            out.needs.add(f"arec-{v}-{affinity}")
+
+        internal = local if plan.internal_local else cluster
+        cluster_key = f"{plan.cluster_ip} . {key}"
+        if plan.internal_verdict is None and internal:
+            count = len(internal)
+            out.element(f"service-ips-{v}", f"{cluster_key} : goto {a}lb-{v}-{count}")
+            out.needs.update({f"{a}lb-{v}-{count}", f"lb-{v}-{count}"})
+            endpoints(f"endpoints-{v}", cluster_key, internal)
+            if affinity:
+                out.element(f"affinity-ids-{v}", f"{cluster_key} : {aid}")
+        else:
+            out.element(f"no-endpoint-services-{v}", f"{cluster_key} : {self._verdict(plan)}")
+
+        external_addresses = (*plan.external_ips, *plan.lb_ips)
+        if not (plan.node_port or external_addresses):
+            return
+        np_key = f"{proto} . {plan.node_port}"
+        n, m = len(cluster), len(local)
+        if plan.external_verdict is not None:
+            verdict = self._verdict(plan, external=True)
+            # A Local policy without local endpoints drops outside clients only: the node's
+            # own traffic is translated in nat-output (to every endpoint) after filter-output,
+            # so its drop lives in a map that output does not consult.
+            container = (
+                "no-local-endpoint-services"
+                if plan.external_local and n
+                else ("no-endpoint-services")
+            )
+            for address in external_addresses:
+                out.element(f"{container}-{v}", f"{address} . {key} : {verdict}")
+            if plan.node_port:
+                out.element(f"no-endpoint-nodeports-{v}", f"{np_key} : {verdict}")
+            if not (plan.external_local and n):
+                return
+            # Local policy without local endpoints: outside clients are dropped (above), but
+            # pods and the node itself still reach every endpoint, as in kube-proxy; the
+            # `xl`/`npl` chains with no local endpoints (m = 0) do just that.
+        ext = f"xl-{v}-{m}" if plan.external_local else f"{a}ext-{v}-{n}"
+        np = f"npl-{v}-{m}" if plan.external_local else f"{a}np-{v}-{n}"
+        for address in external_addresses:
+            out.element(f"service-ips-{v}", f"{address} . {key} : goto {ext}")
+            if plan.external_local:
+                endpoints(f"local-endpoints-{v}", f"{address} . {key}", local)
+                if n:  # pods and the node itself still use every endpoint
+                    route = f"{address} . {key} : goto lb-{v}-{n}"
+                    out.element(f"cluster-route-{v}", route)
+            if n:
+                endpoints(f"endpoints-{v}", f"{address} . {key}", cluster)
+            if affinity:
+                out.element(f"affinity-ids-{v}", f"{address} . {key} : {aid}")
+        if external_addresses:
+            out.needs.add(ext)
+            if n:
+                out.needs.add(f"lb-{v}-{n}")
+                if affinity:
+                    out.needs.add(f"alb-{v}-{n}")
+        if plan.node_port:
+            out.element(f"service-nodeports-{v}", f"{np_key} : goto {np}")
+            out.needs.add(np)
+            if plan.external_local:
+                endpoints(f"nodeport-local-endpoints-{v}", np_key, local)
+                if n:
+                    out.element(f"nodeport-cluster-route-{v}", f"{np_key} : goto npc-{v}-{n}")
+            if n:
+                out.needs.add(f"npc-{v}-{n}")
+                endpoints(f"nodeport-endpoints-{v}", np_key, cluster)
+            if affinity:
+                out.element(f"affinity-nodeport-ids-{v}", f"{np_key} : {aid}")
+
+    def shared_chain(self, name: str) -> tuple[str, ...]:
+        """The rules of a shared chain, from its name (KIND-vF-COUNT; see SHARED_KINDS)."""
+        kind, v, count = name.split("-")
+        fam = int(v[1:])
+        ip = ip_keyword(fam)
+        n = int(count)
+        lookup = f"{ip} daddr . meta l4proto . th dport"
+        np_lookup = "meta l4proto . th dport"
+
+        def dnat(key: str, container: str) -> str:
+            return f"dnat {ip} to {key} . numgen random mod {n} map @{container}-{v}"
+
+        if not self.s.translate and kind in ("lb", "npc"):
+            return ()  # IPVS translates: the packet goes on to it
+        if kind == "lb":
+            return (dnat(lookup, "endpoints"),)
+        if kind == "arec":  # n is the affinity timeout here
+            record = f"{ip} saddr . ct mark timeout {n}s"
+            return (f"update @affinity-{v} {{ {record} : {ip} daddr . th dport }}",)
+        if kind in ("alb", "anp"):
+            ids = (
+                f"{lookup} map @affinity-ids-{v}"
+                if kind == "alb"
+                else f"{np_lookup} map @affinity-nodeport-ids-{v}"
+            )
+            remembered = f"{ip} saddr . ct mark map @affinity-{v}"
+            rules = ["jump mark-for-masquerade"] if kind == "anp" else []
+            rules.append(f"ct mark set {ids}")
+            rules += [f"meta l4proto {p} dnat {ip} to {remembered}" for p in ("tcp", "udp", "sctp")]
+            rules.append(f"goto {'lb' if kind == 'alb' else 'npc'}-{v}-{n}")
+            return tuple(rules)
+        if kind == "aext":
+            return ("jump mark-for-masquerade", f"goto alb-{v}-{n}")
+        if kind == "ext":
+            return ("jump mark-for-masquerade", f"goto lb-{v}-{n}")
+        if kind == "npc":
+            return (f"meta nfproto ipv{fam} {dnat(np_lookup, 'nodeport-endpoints')}",)
+        if kind == "np":
+            return ("jump mark-for-masquerade", f"goto npc-{v}-{n}")
+        # xl / npl: externalTrafficPolicy Local. Pods and the node itself are routed to
+        # every endpoint (the *cluster-route maps), other sources to the n local ones.
+        route, local_map, key = (
+            (f"{lookup} vmap @cluster-route-{v}", "local-endpoints", lookup)
+            if kind == "xl"
+            else (
+                f"{np_lookup} vmap @nodeport-cluster-route-{v}",
+                "nodeport-local-endpoints",
+                np_lookup,
+            )
+        )
+        rules = []
+        if self._has_cluster_cidrs[fam]:
+            rules.append(f"{ip} saddr @cluster-cidrs-{v} {route}")
+        rules.append("fib saddr type local jump mark-for-masquerade")
+        rules.append(f"fib saddr type local {route}")
+        if n and self.s.translate:  # n = 0: only the short-circuit (the filter drops the rest)
+            rules.append(f"meta nfproto ipv{fam} {dnat(key, local_map)}")
+        return tuple(rules)
+
+    def precreated(self) -> list[str]:
+        """Shared chains every full sync makes, so that changes rarely need a new one."""
+        return [
+            f"{kind}-v{fam}-{n}"
+            for fam in FAMILIES
+            for kind in SHARED_KINDS
+            for n in range(0 if kind in ("xl", "npl") else 1, PRECREATED_COUNTS + 1)
+        ]
+
+    def _render_chained(self, plan: Any, out: Rendered) -> None:
+        """A service port with ClientIP affinity: kube-proxy's per-endpoint chains."""
+        fam = plan.family
+        ip = ip_keyword(fam)
+        v = f"v{fam}"
+        proto = plan.protocol.lower()
+        h = name_hash(plan.id)
+        affinity = plan.affinity_timeout
+
+        ep_chains: dict[tuple[str, int], str] = {}
+        for b in _ordered((*plan.cluster_backends, *plan.local_backends)):
+            ident = (b.ip, b.port)
+            if ident in ep_chains:
+                continue
+            name = f"ep-{name_hash(plan.id, b.ip, b.port)}"
+            ep_chains[ident] = name
+            aff = f"aff-{name[3:]}"
+            out.sets[aff] = f"type {addr_type(fam)}; flags dynamic,timeout; timeout {affinity}s;"
+            out.chains[name] = (
+                f"update @{aff} {{ {ip} saddr timeout {affinity}s }}",
+                f"meta l4proto {proto} dnat {ip} to {_dnat_target(b.ip, b.port, fam)}",
+            )
+
+        def policy_chain(name: str, backends: tuple[Any, ...]) -> None:
+            targets = [ep_chains[(b.ip, b.port)] for b in _ordered(backends)]
+            rules = [f"{ip} saddr @aff-{t[3:]} goto {t}" for t in targets]
+            # Uniform without an anonymous set: rule i takes 1/(N-i) of what reaches it.
+            count = len(targets)
+            rules += [
+                f"numgen random mod {count - i} == 0 goto {t}" for i, t in enumerate(targets[:-1])
+            ]
+            rules.append(f"goto {targets[-1]}")
+            out.chains[name] = tuple(rules)
+            if SAFE_COMMENT.match(plan.id):
+                out.comments[name] = plan.id
+
+        svc = f"svc-{h}" if plan.cluster_backends else None
+        local = (
+            f"local-{h}"
+            if plan.local_backends and (plan.internal_local or plan.external_local)
+            else None
+        )
+        if svc:
+            policy_chain(svc, plan.cluster_backends)
+        if local:
+            policy_chain(local, plan.local_backends)
+
+        key = f"{proto} . {plan.port}"
+        cluster_key = f"{plan.cluster_ip} . {key}"
+        internal = local if plan.internal_local else svc
+        if plan.internal_verdict is None and internal:
+            out.element(f"service-ips-{v}", f"{cluster_key} : goto {internal}")
+        else:
+            out.element(f"no-endpoint-services-{v}", f"{cluster_key} : {self._verdict(plan)}")
+
+        external_addresses = (*plan.external_ips, *plan.lb_ips)
+        if not (plan.node_port or external_addresses):
+            return
+        ext = None
+        # A Local policy without local endpoints still short-circuits pods and the node to
+        # every endpoint; its chain drops everyone else.
+        if plan.external_verdict is None or (plan.external_local and svc):
+            ext = f"ext-{h}"
+            target = svc or local
+            if plan.external_local:
+                rules = []
+                if target and self._has_cluster_cidrs[fam]:
+                    rules.append(f"{ip} saddr @cluster-cidrs-{v} goto {target}")
+                rules.append("fib saddr type local jump mark-for-masquerade")
+                if target:
+                    rules.append(f"fib saddr type local goto {target}")
+                rules.append(f"goto {local}" if local else "drop")
+            else:
+                rules = ["jump mark-for-masquerade", f"goto {target}"]
+            out.chains[ext] = tuple(rules)
+            if SAFE_COMMENT.match(plan.id):
+                out.comments[ext] = plan.id
+        ext_verdict = f"goto {ext}" if ext else self._verdict(plan, external=True)
+        ext_map = "service-ips" if ext else "no-endpoint-services"
+        for address in external_addresses:
+            out.element(f"{ext_map}-{v}", f"{address} . {key} : {ext_verdict}")
+        if plan.node_port:
+            np_map = "service-nodeports" if ext else "no-endpoint-nodeports"
+            out.element(f"{np_map}-{v}", f"{proto} . {plan.node_port} : {ext_verdict}")
+
+    @staticmethod
+    def _verdict(plan: Any, external: bool = False) -> str:
+        verdict = plan.external_verdict if external else plan.internal_verdict
+        return "goto reject-chain" if verdict in (None, "reject") else "drop"
+
+
+def _ordered(backends: Iterable[Any]) -> list[Any]:
+    """Backends in a stable order, so that the same set always renders the same elements."""
+    return sorted(backends, key=lambda b: (b.ip, b.port))
+
+
+def _collapsed(cidrs: Iterable[str]) -> list[str]:
+    """CIDRs without overlaps (an interval set refuses them), per family."""
+    nets = [ipaddress.ip_network(c, strict=False) for c in cidrs]
+    out: list[str] = []
+    for version in FAMILIES:
+        mine = [n for n in nets if n.version == version]
+        out += [str(n) for n in ipaddress.collapse_addresses(mine)]  # type: ignore[arg-type]
+    return out
+
+
+def clusterip_ranges(layout: NetworkLayout, settings: NftablesSettings) -> list[str]:
+    """Where ClusterIPs are allocated: the ServiceCIDR objects' ranges, or where the cluster
+    has none (or the API serves none), lace.serviceCIDRs; without overlaps."""
+    return _collapsed(layout.service_cidrs or settings.service_cidrs)
+
+
+def allows_all(ranges: tuple[str, ...]) -> bool:
+    """A /0 range lets every source in, as kube-proxy treats it: no firewall at all."""
+    return any(r.endswith("/0") for r in ranges)
+
+
+def element_key(element: str) -> str:
+    """The key of a rendered element: a map's `key : value` without the value; a set's whole."""
+    return element.split(" : ", 1)[0]

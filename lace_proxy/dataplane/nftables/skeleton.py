@@ -1,0 +1,305 @@
+"""The nftables table's fixed part: what it holds whatever the plans.
+
+Base chains hook into netfilter (filter at priority -110, before conntrack's NAT; nat at
+dstnat and srcnat; the UDP reply rescue at raw and srcnat, see rescue.py) and jump to
+helper chains. Those look frontends up in the maps and sets the plans fill (declared here,
+empty): `service-ips` and `service-nodeports` dispatch to the shared chains that DNAT,
+`no-endpoint-*` reject or drop what has no endpoint, `firewall-*` hold
+loadBalancerSourceRanges, `controlled-*` and the network model's chains decide access.
+The maps the shared chains look up are declared with `typeof`, which is why new shared
+chains are made with the maps, in a full sync (see render.PRECREATED_COUNTS).
+
+The skeleton depends on the settings alone, and under nodePortAddresses "primary" on the
+node's own addresses too; the backend marks a table with a hash of it, so that a table made
+by another version or configuration is rewritten (NftablesBackend._skeleton).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from lace_proxy.dataplane import rescue
+from lace_proxy.dataplane.nftables.settings import NftablesSettings
+
+FAMILIES = (4, 6)
+#: Entries of the ClientIP affinity maps: (client, service port's id) -> endpoint.
+AFFINITY_SIZE = 1 << 20
+#: Chains the network model fills (see Renderer.render_networks); empty without it.
+ACCESS_CHAINS = ("access", "host-access", "unproxied")
+#: What a connection the network model does not allow gets: an ICMP error no other part of
+#: the proxy sends (no endpoints is port-unreachable), so it is told apart on the wire.
+DENY = "reject with icmpx admin-prohibited"
+
+
+def ip_keyword(family: int) -> str:
+    """nft's keyword for the family's header: `ip` or `ip6`."""
+    return "ip" if family == 4 else "ip6"
+
+
+def addr_type(family: int) -> str:
+    """nft's type of the family's addresses."""
+    return "ipv4_addr" if family == 4 else "ipv6_addr"
+
+
+def family_cidrs(cidrs: tuple[str, ...], family: int) -> list[str]:
+    """The CIDRs of one family, normalised (host bits cleared)."""
+    nets = (ipaddress.ip_network(c, strict=False) for c in cidrs)
+    return [str(n) for n in nets if n.version == family]
+
+
+class Skeleton:
+    """Renders the table's fixed part; `Renderer` adds what plans and the layout make."""
+
+    def __init__(self, settings: NftablesSettings) -> None:
+        self.s = settings
+        # The node's InternalIPs: its NodePort addresses under node_port_primary, and
+        # whether loadBalancerSourceRanges let the node in.
+        self.node_addresses: tuple[str, ...] = ()
+
+    def base(self) -> list[str]:
+        """The table's fixed skeleton: base chains, helper chains, maps and sets."""
+        t = self.s.table
+        mark = 1 << self.s.masquerade_bit
+        # A hairpin pair after nftables' own DNAT; under IPVS (whose translation nftables
+        # does not see as DNAT) the pair alone, as kube-proxy's IPVS mode does.
+        dnatted = "ct status dnat " if self.s.translate else ""
+        lines = [f"table inet {t} {{"]
+        for fam in FAMILIES:
+            v = f"v{fam}"
+            ip = ip_keyword(fam)
+            at = addr_type(fam)
+            by_bucket = f"typeof {ip} daddr . meta l4proto . th dport . numgen random mod 1"
+            np_by_bucket = "typeof meta l4proto . th dport . numgen random mod 1"
+            target = f"{ip} daddr . th dport"
+            lines += [
+                f"  map endpoints-{v} {{ {by_bucket} : {target}; }}",
+                f"  map local-endpoints-{v} {{ {by_bucket} : {target}; }}",
+                f"  map nodeport-endpoints-{v} {{ {np_by_bucket} : {target}; }}",
+                f"  map nodeport-local-endpoints-{v} {{ {np_by_bucket} : {target}; }}",
+                f"  map cluster-route-{v} {{ type {at} . inet_proto . inet_service : verdict; }}",
+                f"  map affinity-ids-{v} {{ type {at} . inet_proto . inet_service : mark; }}",
+                f"  map affinity-nodeport-ids-{v} {{ type inet_proto . inet_service : mark; }}",
+                f"  map affinity-record-{v} {{ type mark : verdict; }}",
+                f"  map affinity-{v} {{ type {at} . mark : {at} . inet_service;"
+                f" flags dynamic,timeout; size {AFFINITY_SIZE}; }}",
+                f"  map nodeport-cluster-route-{v} {{ type inet_proto . inet_service : verdict; }}",
+            ]
+            lines += [
+                f"  map service-ips-{v} {{ type {at} . inet_proto . inet_service : verdict; }}",
+                f"  map no-endpoint-services-{v} {{ type {at} . inet_proto . inet_service"
+                " : verdict; }",
+                f"  map no-local-endpoint-services-{v} {{ type {at} . inet_proto . inet_service"
+                " : verdict; }",
+                f"  set firewall-ips-{v} {{ type {at} . inet_proto . inet_service; }}",
+                f"  set firewall-allow-{v} {{ typeof {ip} daddr . meta l4proto . th dport"
+                f" . {ip} saddr; flags interval; }}",
+                f"  map service-nodeports-{v} {{ type inet_proto . inet_service : verdict; }}",
+                f"  map no-endpoint-nodeports-{v} {{ type inet_proto . inet_service : verdict; }}",
+                f"  set cluster-ips-{v} {{ type {at}; }}",
+                f"  set hairpin-{v} {{ typeof {ip} saddr . {ip} daddr; }}",
+                f"  set cluster-cidrs-{v} {{ type {at}; flags interval; "
+                f"{self._elements(fam, self.s.cluster_cidrs)}}}",
+                f"  set nodeport-cidrs-{v} {{ type {at}; flags interval; "
+                f"{self._elements(fam, self._nodeport_cidrs())}}}",
+                # IPVS mode: the frontends on the dummy interface, and its addresses.
+                f"  set service-ports-{v} {{ type {at} . inet_proto . inet_service; }}",
+                f"  set ipvs-addresses-{v} {{ type {at}; }}",
+                f"  set service-cidrs-{v} {{ type {at}; flags interval; "
+                f"{self._elements(fam, self.s.service_cidrs)}}}",
+                f"  set clusterip-ranges-{v} {{ type {at}; flags interval; }}",
+                f"  set controlled-{v} {{ type {at} . inet_proto . inet_service; }}",
+                f"  set controlled-nodeports-{v} {{ type inet_proto . inet_service; }}",
+                f"  map source-networks-{v} {{ type {at} : verdict; flags interval; }}",
+                f"  set host-unpeered-{v} {{ type {at}; flags interval; }}",
+                f"  set local-pod-cidrs-{v} {{ type {at}; flags interval; }}",
+                *rescue.declarations(fam),
+            ]
+        lines += [
+            "  chain mark-for-masquerade {",
+            f"    meta mark set meta mark | {mark:#x}",
+            "  }",
+            "  chain masquerading {",
+            f"    {dnatted}ip saddr . ip daddr @hairpin-v4 jump mark-for-masquerade",
+            f"    {dnatted}ip6 saddr . ip6 daddr @hairpin-v6 jump mark-for-masquerade",
+            f"    meta mark & {mark:#x} == 0 return",
+            f"    meta mark set meta mark ^ {mark:#x}",
+            "    masquerade fully-random",
+            "  }",
+            "  chain reject-chain {",
+            "    reject",
+            "  }",
+            "  chain services {",
+        ]
+        for fam in FAMILIES:
+            ip, v = ip_keyword(fam), f"v{fam}"
+            if self.s.masquerade_all:
+                lines.append(f"    {ip} daddr @cluster-ips-{v} jump mark-for-masquerade")
+            elif family_cidrs(self.s.cluster_cidrs, fam):
+                lines.append(
+                    f"    {ip} daddr @cluster-ips-{v} {ip} saddr != @cluster-cidrs-{v}"
+                    " jump mark-for-masquerade"
+                )
+            lines.append(f"    {ip} daddr . meta l4proto . th dport vmap @service-ips-{v}")
+            lines.append(
+                f"    {self.nodeport_match(fam)} meta l4proto . th dport"
+                f" vmap @service-nodeports-{v}"
+            )
+        lines += ["  }", "  chain service-endpoints-check {"]
+        for fam in FAMILIES:
+            ip, v = ip_keyword(fam), f"v{fam}"
+            lines.append(f"    {ip} daddr . meta l4proto . th dport vmap @no-endpoint-services-{v}")
+        lines += ["  }", "  chain external-endpoints-check {"]
+        for fam in FAMILIES:
+            ip, v = ip_keyword(fam), f"v{fam}"
+            lines.append(
+                f"    {ip} daddr . meta l4proto . th dport vmap @no-local-endpoint-services-{v}"
+            )
+        lines += ["  }", "  chain nodeport-endpoints-check {"]
+        for fam in FAMILIES:
+            lines.append(
+                f"    {self.nodeport_match(fam)} meta l4proto . th dport"
+                f" vmap @no-endpoint-nodeports-v{fam}"
+            )
+        lines += ["  }", "  chain firewall-check {"]
+        for fam in FAMILIES:
+            ip, v = ip_keyword(fam), f"v{fam}"
+            lines.append(
+                f"    {ip} daddr . meta l4proto . th dport @firewall-ips-{v}"
+                f" {ip} daddr . meta l4proto . th dport . {ip} saddr != @firewall-allow-{v} drop"
+            )
+        lines += ["  }", "  chain deny {"]
+        for fam in FAMILIES:
+            ip, v = ip_keyword(fam), f"v{fam}"
+            lines.append(f"    {ip} daddr . meta l4proto . th dport @controlled-{v} {DENY}")
+            lines.append(
+                f"    {self.nodeport_match(fam)} meta l4proto . th dport"
+                f" @controlled-nodeports-{v} {DENY}"
+            )
+        lines += ["  }"]
+        for name in ACCESS_CHAINS:
+            lines += [f"  chain {name} {{", "  }"]
+        if not self.s.translate:
+            # Under IPVS the service addresses are the node's own: anything but a service
+            # port must not reach the node's sockets (as kube-proxy's KUBE-IPVS-FILTER).
+            lines += ["  chain ipvs-ports-check {"]
+            for fam in FAMILIES:
+                ip, v = ip_keyword(fam), f"v{fam}"
+                lines.append(
+                    f"    {ip} daddr @ipvs-addresses-{v} {ip} daddr . meta l4proto . th dport"
+                    f" != @service-ports-{v} goto reject-chain"
+                )
+            lines += ["  }"]
+        lines += ["  chain cluster-ips-check {"]
+        for fam in FAMILIES:
+            ip, v = ip_keyword(fam), f"v{fam}"
+            # A ClusterIP answers only on its service ports: anything else is refused; an
+            # address of the service CIDRs that no Service holds is dropped.
+            lines.append(f"    {ip} daddr @cluster-ips-{v} goto reject-chain")
+            lines.append(f"    {ip} daddr @clusterip-ranges-{v} drop")
+        lines += [
+            "  }",
+            "  chain filter-prerouting {",
+            "    type filter hook prerouting priority -110; policy accept;",
+            "    ct state new jump access",
+            "    ct state new jump firewall-check",
+            "  }",
+            "  chain filter-input {",
+            "    type filter hook input priority -110; policy accept;",
+            "    ct state new jump nodeport-endpoints-check",
+            "    ct state new jump service-endpoints-check",
+            "    ct state new jump external-endpoints-check",
+            *(() if self.s.translate else ("    ct state new jump ipvs-ports-check",)),
+            "  }",
+            "  chain filter-forward {",
+            "    type filter hook forward priority -110; policy accept;",
+            "    ct state new jump service-endpoints-check",
+            "    ct state new jump external-endpoints-check",
+            "    ct state new jump cluster-ips-check",
+            "  }",
+            "  chain filter-output {",
+            "    type filter hook output priority -110; policy accept;",
+            "    ct state new jump unproxied",
+            # The node's own connections (IPVS also sends what it forwards through output).
+            "    ct state new fib saddr type local jump host-access",
+            "    ct state new jump service-endpoints-check",
+            "    ct state new jump firewall-check",
+            "  }",
+            "  chain filter-output-post-dnat {",
+            "    type filter hook output priority -90; policy accept;",
+            "    ct state new jump unproxied",
+            "    ct state new jump cluster-ips-check",
+            "  }",
+            "  chain nat-prerouting {",
+            "    type nat hook prerouting priority dstnat; policy accept;",
+            "    jump services",
+            "  }",
+            "  chain nat-output {",
+            "    type nat hook output priority -100; policy accept;",
+            "    jump unproxied",
+            "    jump services",
+            "  }",
+            "  chain nat-postrouting {",
+            "    type nat hook postrouting priority srcnat; policy accept;",
+            # Remember the endpoint of a ClientIP-affinity connection (before masquerade
+            # rewrites the client's address).
+            "    meta nfproto ipv4 ct status dnat ct mark vmap @affinity-record-v4",
+            "    meta nfproto ipv6 ct status dnat ct mark vmap @affinity-record-v6",
+            "    jump masquerading",
+            "  }",
+            *rescue.chains(),
+            "}",
+        ]
+        return lines
+
+    def base_chains(self) -> set[str]:
+        """The chains base() declares."""
+        return set(self.base_rule_counts())
+
+    def base_rule_counts(self) -> dict[str, int]:
+        """The chains base() declares, with the number of rules in each."""
+        counts: dict[str, int] = {}
+        chain = None
+        for line in self.base():
+            if line.startswith("  chain "):
+                chain = line.split()[1]
+                counts[chain] = 0
+            elif line == "  }":
+                chain = None
+            elif chain is not None and not line.lstrip().startswith("type "):
+                counts[chain] += 1
+        return counts
+
+    def base_containers(self) -> set[str]:
+        """The maps and sets base() declares."""
+        return {line.split()[1] for line in self.base() if line.startswith(("  map ", "  set "))}
+
+    def base_elements(self) -> dict[str, set[str]]:
+        """The elements base() declares with its sets (the configured CIDRs)."""
+        out: dict[str, set[str]] = {}
+        for fam in FAMILIES:
+            for name, cidrs in (
+                ("cluster-cidrs", self.s.cluster_cidrs),
+                ("nodeport-cidrs", self._nodeport_cidrs()),
+                ("service-cidrs", self.s.service_cidrs),
+            ):
+                out[f"{name}-v{fam}"] = set(family_cidrs(cidrs, fam))
+        return out
+
+    def _nodeport_cidrs(self) -> tuple[str, ...]:
+        if self.s.node_port_primary:
+            return tuple(f"{a}/{32 if ':' not in a else 128}" for a in self.node_addresses)
+        return self.s.node_port_cidrs
+
+    def _elements(self, family: int, cidrs: tuple[str, ...]) -> str:
+        mine = family_cidrs(cidrs, family)
+        return f"elements = {{ {', '.join(mine)} }}; " if mine else ""
+
+    def nodeport_match(self, family: int) -> str:
+        """The match of a packet to a NodePort: a local address, not loopback, and under
+        nodePortAddresses one of the NodePort addresses."""
+        ip = ip_keyword(family)
+        loopback = "127.0.0.0/8" if family == 4 else "::1"
+        match = f"meta nfproto ipv{family} fib daddr type local {ip} daddr != {loopback}"
+        if self.s.node_port_cidrs or self.s.node_port_primary:
+            match += f" {ip} daddr @nodeport-cidrs-v{family}"
+        return match
