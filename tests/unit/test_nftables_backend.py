@@ -1,0 +1,283 @@
+"""The nftables backend's sync logic without root: what apply, full sync and adoption send,
+on the fake kernel of testkit/fakenft.py. tests/netns/test_adoption.py and its neighbours
+prove the same on a real kernel, with traffic."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from lace_proxy.dataplane.base import FullSyncRequired
+from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.dataplane.nftables.kernel import KernelState
+from lace_proxy.model import EndpointSlice, Service
+from lace_proxy.model.service import ServicePort
+from lace_proxy.proxier import Proxier
+from lace_proxy.table import ServiceTable
+from testkit.fakenft import FakeNft
+
+from .tablekit import ep, eps, svc
+
+NODE = "node-a"
+SETTINGS = NftablesSettings(cluster_cidrs=("10.244.0.0/16",))
+T = "inet lace-proxy"
+VIP = "10.96.0.10"
+
+
+class Node:
+    """A node's service table and nftables backend on a fake kernel, synced by hand as the
+    proxier syncs them."""
+
+    def __init__(self, nft: FakeNft | None = None, *, verify_every: int = 1) -> None:
+        self.nft = nft if nft is not None else FakeNft()
+        self.verify_every = verify_every
+        self.table = ServiceTable(NODE)
+        self.backend = NftablesBackend(SETTINGS, self.nft, verify_every=verify_every)
+        self.objects: dict[tuple[str, str], Service | EndpointSlice] = {}
+
+    def put(self, *objects: Service | EndpointSlice) -> None:
+        for obj in objects:
+            if isinstance(obj, Service):
+                self.table.upsert_service(obj)
+            else:
+                self.table.upsert_slice(obj)
+            self.objects[(type(obj).__name__, obj.key)] = obj
+
+    def remove(self, obj: Service | EndpointSlice) -> None:
+        if isinstance(obj, Service):
+            self.table.delete_service(obj.key)
+        else:
+            self.table.delete_slice(obj.key)
+        del self.objects[(type(obj).__name__, obj.key)]
+
+    def sync(self, *, full: bool = False) -> list[str]:
+        """Program what changed (everything, with `full`); the commands sent."""
+        sent = len(self.nft.applied)
+        changes = self.table.build()
+        if full:
+            self.table.commit()
+            self.backend.full_sync(list(self.table.plans()), changes)
+        else:
+            self.backend.apply(changes)
+            self.table.commit()
+        return [c for tx in self.nft.applied[sent:] for c in tx.commands]
+
+    def restarted(self, nft: FakeNft | None = None) -> Node:
+        """A new process: the same objects, a backend that remembers nothing, on this node's
+        kernel (or on `nft`)."""
+        node = Node(nft if nft is not None else self.nft, verify_every=self.verify_every)
+        node.put(*self.objects.values())
+        return node
+
+    def kernel(self) -> KernelState:
+        state = self.backend.read_back()
+        assert state is not None
+        return state
+
+    def affinity_id(self, plan_id: str) -> str:
+        return self.backend.renderer.affinity_ids.get(plan_id)
+
+
+def web(
+    *endpoints: str, name: str = "web", vip: str = VIP, **spec: object
+) -> tuple[Service, EndpointSlice]:
+    """A service and its slice; the first endpoint runs on this node, the others elsewhere."""
+    nodes = [NODE if i == 0 else "node-b" for i in range(len(endpoints))]
+    return (
+        svc(name, ips=(vip,), **spec),
+        eps(*(ep(ip, node) for ip, node in zip(endpoints, nodes, strict=True)), service=name),
+    )
+
+
+def fresh_kernel(node: Node) -> KernelState:
+    """What a new process programs from the same objects into an empty kernel."""
+    fresh = node.restarted(FakeNft())
+    fresh.sync(full=True)
+    return fresh.kernel()
+
+
+def test_an_endpoint_change_sends_only_its_elements() -> None:
+    node = Node()
+    node.put(*web("10.244.1.10", "10.244.2.10"))
+    node.sync(full=True)
+    node.put(*web("10.244.1.10", "10.244.2.10", "10.244.3.10"))
+    assert node.sync() == [
+        f"add element {T} endpoints-v4 {{ {VIP} . tcp . 80 . 2 : 10.244.3.10 . 8080 }}",
+        f"delete element {T} service-ips-v4 {{ {VIP} . tcp . 80 }}",
+        f"add element {T} service-ips-v4 {{ {VIP} . tcp . 80 : goto lb-v4-3 }}",
+        f"add element {T} hairpin-v4 {{ 10.244.3.10 . 10.244.3.10 }}",
+    ]
+    node.put(*web("10.244.1.10", "10.244.3.10"))
+    assert node.sync() == [
+        f"delete element {T} endpoints-v4 {{ {VIP} . tcp . 80 . 1, {VIP} . tcp . 80 . 2 }}",
+        f"add element {T} endpoints-v4 {{ {VIP} . tcp . 80 . 1 : 10.244.3.10 . 8080 }}",
+        f"delete element {T} service-ips-v4 {{ {VIP} . tcp . 80 }}",
+        f"add element {T} service-ips-v4 {{ {VIP} . tcp . 80 : goto lb-v4-2 }}",
+        f"delete element {T} hairpin-v4 {{ 10.244.2.10 . 10.244.2.10 }}",
+    ]
+    assert node.kernel() == fresh_kernel(node)
+
+
+def test_a_full_sync_of_the_table_as_programmed_sends_nothing() -> None:
+    node = Node()
+    node.put(*web("10.244.1.10", "10.244.2.10"))
+    node.put(*web("10.244.1.11", name="sticky", vip="10.96.0.11", session_affinity=True))
+    node.put(svc("lonely", ips=("10.96.0.12", "fd00:96::12")))
+    node.sync(full=True)
+    assert node.sync(full=True) == []
+    # A restarted process adopts the table: nothing flushed, nothing sent.
+    assert node.restarted().sync(full=True) == []
+
+
+def test_a_periodic_full_sync_reads_elements_only_when_the_structure_changed() -> None:
+    node = Node(verify_every=10)
+    node.put(*web("10.244.1.10", "10.244.2.10"))
+    node.sync(full=True)
+    node = node.restarted()
+    assert node.sync(full=True) == []
+    assert node.nft.listings == 1  # the first full sync of a process verifies every element
+    node.nft.tamper(f"delete element {T} endpoints-v4 {{ {VIP} . tcp . 80 . 1 }}")
+    assert node.sync(full=True) == []
+    assert node.nft.listings == 1  # elements unread: the deleted one is not noticed yet
+    node.nft.tamper(f"flush chain {T} ext-v4-2")
+    sent = node.sync(full=True)
+    assert node.nft.listings == 2  # the structure differs: every element is verified
+    assert f"flush chain {T} ext-v4-2" in sent
+    assert f"add element {T} endpoints-v4 {{ {VIP} . tcp . 80 . 1 : 10.244.2.10 . 8080 }}" in sent
+
+
+def test_drift_is_repaired_element_by_element() -> None:
+    node = Node()
+    node.put(*web("10.244.1.10", "10.244.2.10"))
+    node.put(*web("10.244.1.11", name="edge", vip="10.96.0.11", external_ips=("192.0.2.11",)))
+    node.sync(full=True)
+    node.nft.tamper(
+        f"delete element {T} endpoints-v4 {{ {VIP} . tcp . 80 . 1 }}",
+        f"flush chain {T} ext-v4-1",
+        f"add chain {T} intruder",
+    )
+    sent = node.sync(full=True)
+    rules = [c for c in sent if c.startswith(f"add rule {T} ext-v4-1 ")]
+    assert len(rules) == 2
+    assert sorted(sent) == sorted(
+        [
+            f"add element {T} endpoints-v4 {{ {VIP} . tcp . 80 . 1 : 10.244.2.10 . 8080 }}",
+            f"flush chain {T} ext-v4-1",
+            *rules,
+            f"flush chain {T} intruder",
+            f"delete chain {T} intruder",
+        ]
+    )
+    assert node.kernel() == fresh_kernel(node)
+
+
+def test_a_restart_adopts_the_affinity_ids_of_the_previous_process() -> None:
+    sticky = "default/sticky:http/TCP/v4"
+    first = Node()
+    endpoints = ("10.244.1.10", "10.244.2.10", "10.244.2.11")
+    first.put(*web(*endpoints, name="sticky", session_affinity=True))
+    first.sync(full=True)
+    assigned = first.affinity_id(sticky)
+    # An endpoint leaves: the service port gets a new id, its clients' choices are orphaned.
+    first.put(*web(*endpoints[:2], name="sticky", session_affinity=True))
+    first.sync()
+    kept = first.affinity_id(sticky)
+    assert kept != assigned
+    # A new process adopts that id (one of its own would differ): nothing to send.
+    second = first.restarted()
+    assert second.sync(full=True) == []
+    assert second.affinity_id(sticky) == kept
+    fresh = first.restarted(FakeNft())
+    fresh.sync(full=True)
+    assert fresh.affinity_id(sticky) != kept
+
+
+def test_a_refused_transaction_makes_the_next_sync_a_verified_full_one() -> None:
+    nft = FakeNft()
+    backend = NftablesBackend(SETTINGS, nft, verify_every=10)
+    proxier = Proxier(ServiceTable(NODE), backend, sources=["files"])
+    proxier.synced("files")
+    service, slice_ = web("10.244.1.10", "10.244.2.10")
+    proxier.service_upserted(service)
+    proxier.slice_upserted(slice_)
+    assert asyncio.run(proxier.sync())
+    assert (proxier.stats.full_syncs, nft.listings) == (1, 0)  # an empty kernel: nothing to read
+    proxier.slice_upserted(web("10.244.1.10")[1])
+    nft.refuse_next()
+    assert not asyncio.run(proxier.sync())
+    assert len(nft.refused) == 1 and proxier.stats.failures == 1
+    # The retry is a full sync that reads every element back: the kernel's state is unknown.
+    assert asyncio.run(proxier.sync())
+    assert (proxier.stats.full_syncs, nft.listings) == (2, 1)
+    node = Node()
+    node.put(*web("10.244.1.10"))
+    node.sync(full=True)
+    assert backend.read_back() == node.kernel()
+
+
+def test_a_chain_only_a_full_sync_can_make_is_not_half_applied() -> None:
+    node = Node()
+    node.put(*web("10.244.1.10"))
+    node.sync(full=True)
+    sent = len(node.nft.applied)
+    many = [f"10.244.2.{i}" for i in range(1, 18)]  # 17: more than the precreated chains
+    node.put(*web(*many))
+    with pytest.raises(FullSyncRequired, match="lb-v4-17"):
+        node.sync()
+    assert len(node.nft.applied) == sent
+    assert f"add chain {T} lb-v4-17" in node.sync(full=True)
+    assert node.kernel() == fresh_kernel(node)
+
+
+def test_a_table_of_another_skeleton_is_rewritten_in_one_batch() -> None:
+    node = Node()
+    node.put(*web("10.244.1.10", "10.244.2.10"))
+    node.sync(full=True)
+    marker = next(c for c in node.kernel().chains if c.startswith("skeleton-"))
+    node.nft.tamper(f"delete chain {T} {marker}")
+    restarted = node.restarted()
+    batches = len(node.nft.applied)
+    sent = restarted.sync(full=True)
+    assert len(node.nft.applied) == batches + 1
+    assert f"flush chain {T} services" in sent
+    assert marker in restarted.kernel().chains
+    assert restarted.restarted().sync(full=True) == []
+
+
+def test_incremental_syncs_leave_the_table_a_full_sync_makes_from_scratch() -> None:
+    """Random changes of services of every kind but ClientIP affinity (whose ids depend on
+    the history by design), each programmed by `apply`, compared with a new process's
+    table after each."""
+    rng = random.Random(16)
+    kinds: list[dict[str, object]] = [
+        {},
+        {"type": "NodePort", "ports": (ServicePort("http", "TCP", 80, 8080, 30080),)},
+        {
+            "type": "NodePort",
+            "ports": (ServicePort("http", "TCP", 80, 8080, 30081),),
+            "external_traffic_policy": "Local",
+        },
+        {
+            "type": "LoadBalancer",
+            "ports": (ServicePort("http", "TCP", 80, 8080, 30082),),
+            "lb_ingress_ips": ("192.0.2.3",),
+            "lb_source_ranges": ("198.51.100.0/24",),
+        },
+        {"external_ips": ("192.0.2.4",), "internal_traffic_policy": "Local"},
+    ]
+    node = Node()
+    node.sync(full=True)
+    for _ in range(40):
+        i = rng.randrange(len(kinds))
+        name, vip = f"s{i}", f"10.96.0.{i + 1}"
+        pods = [f"10.244.{n}.{i + 10}" for n in range(1, 5)]
+        service, slice_ = web(*rng.sample(pods, rng.randint(0, 4)), name=name, vip=vip, **kinds[i])
+        if rng.random() < 0.2 and ("Service", service.key) in node.objects:
+            node.remove(service)
+            node.remove(slice_)
+        else:
+            node.put(service, slice_)
+        node.sync()
+        assert node.kernel() == fresh_kernel(node)
