@@ -482,7 +482,7 @@ class NftablesBackend:
         t = self.settings.table
         for name, spec in sorted(r.sets.items()):
             tx.add(f"add set inet {t} {name} {{ {spec} }}")
-        for name in r.chains:
+        for name in sorted(r.chains):
             tx.add(self._chain_decl(name, r.comments.get(name)))
         for name in sorted(r.chains, key=_chain_order):
             self._add_rules(tx, name, r.chains[name])
