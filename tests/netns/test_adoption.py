@@ -253,6 +253,28 @@ def test_clients_keep_their_affinity_across_a_restart(tb: Testbed, tmp_path: Pat
     assert again == pinned
 
 
+def test_a_client_pinned_to_an_endpoint_gone_while_down_is_moved(
+    tb: Testbed, tmp_path: Path
+) -> None:
+    """The restarted proxy replaces the service port's affinity id, so the client's
+    remembered choice of the endpoint that left is orphaned (it was kept: the new process
+    drew its predecessor's first id again)."""
+    sticky = service("sticky", ["10.96.0.13"], sessionAffinity="ClientIP")
+    first, _ = proxy(tb, tmp_path / "m")
+    first.write("sticky", sticky, endpoints("sticky", tb.pods))
+    first.sync()
+    (pinned,) = {
+        r.reply.name
+        for r in [request_tcp(tb.client, "10.96.0.13", 80) for _ in range(8)]
+        if r.reply
+    }
+    first.write("sticky", sticky, endpoints("sticky", [p for p in tb.pods if p.name != pinned]))
+    second, _ = proxy(tb, tmp_path / "m")
+    second.sync()
+    answered = names([request_tcp(tb.client, "10.96.0.13", 80) for _ in range(8)])
+    assert pinned not in answered and len(answered) == 1, answered
+
+
 def test_another_skeleton_is_rewritten_in_one_batch(tb: Testbed, tmp_path: Path) -> None:
     first, _ = proxy(tb, tmp_path / "m")
     program(first, every_kind(tb))

@@ -194,6 +194,28 @@ def test_a_restart_adopts_the_affinity_ids_of_the_previous_process() -> None:
     assert fresh.affinity_id(sticky) != kept
 
 
+def test_an_endpoint_gone_while_down_orphans_the_affinity_id() -> None:
+    sticky = "default/sticky:http/TCP/v4"
+    first = Node()
+    first.put(*web("10.244.1.10", "10.244.2.10", name="sticky", session_affinity=True))
+    first.sync(full=True)
+    before = first.affinity_id(sticky)
+    # Added while down: remembered choices stay valid, and so does the id.
+    first.put(
+        *web("10.244.1.10", "10.244.2.10", "10.244.2.11", name="sticky", session_affinity=True)
+    )
+    grown = first.restarted()
+    grown.sync(full=True)
+    assert grown.affinity_id(sticky) == before
+    # Gone while down: the adopted id is replaced, in the maps that key by it.
+    first.put(*web("10.244.1.10", name="sticky", session_affinity=True))
+    shrunk = first.restarted()
+    sent = shrunk.sync(full=True)
+    after = shrunk.affinity_id(sticky)
+    assert after != before
+    assert f"add element {T} affinity-ids-v4 {{ {VIP} . tcp . 80 : {after} }}" in sent
+
+
 def test_a_refused_transaction_makes_the_next_sync_a_verified_full_one() -> None:
     nft = FakeNft()
     backend = NftablesBackend(SETTINGS, nft, verify_every=10)

@@ -30,16 +30,24 @@ class AffinityIds:
         self._serial = 0
 
     def assign(self, plan_id: str, backends: frozenset[tuple[str, int]]) -> None:
-        if plan_id in self._ids:
+        """Give the plan an id for these endpoints; one it has stays while they only grow.
+
+        A replaced id is never given back, and the seed of its successor holds it: a process
+        starts its serial at 0 again, so without it a restarted proxy replacing an adopted
+        id would draw the ids of its predecessor's sequence anew (the very same one, if the
+        plan was its first), and clients would be sent to endpoints that are gone.
+        """
+        replaced = self._ids.get(plan_id)
+        if replaced is not None:
             if self._backends[plan_id] <= backends:  # only additions: choices stay valid
                 self._backends[plan_id] = backends
                 return
             self.release(plan_id)
         self._serial += 1
-        seed = f"{plan_id}#{self._serial}".encode()
-        value = int.from_bytes(hashlib.blake2b(seed, digest_size=4).digest(), "big") or 1
-        while value in self._owners:
-            value = value % 0xFFFFFFFF + 1  # never 0: that is "no affinity"
+        seed = f"{plan_id}#{self._serial}" + ("" if replaced is None else f"#{replaced:x}")
+        value = int.from_bytes(hashlib.blake2b(seed.encode(), digest_size=4).digest(), "big")
+        while value in self._owners or value in (0, replaced):
+            value = (value + 1) & 0xFFFFFFFF  # never 0: that is "no affinity"
         self._ids[plan_id] = value
         self._owners[value] = plan_id
         self._backends[plan_id] = backends
@@ -52,15 +60,18 @@ class AffinityIds:
             self._backends[plan_id] = backends
 
     def release(self, plan_id: str) -> None:
+        """Forget the plan's id; its clients' remembered choices are orphaned."""
         value = self._ids.pop(plan_id, None)
         if value is not None:
             del self._owners[value]
             del self._backends[plan_id]
 
     def get(self, plan_id: str) -> str:
+        """The plan's id as the renderer writes a mark."""
         return f"{self._ids[plan_id]:#010x}"
 
     def keep_only(self, plan_ids: set[str]) -> None:
+        """Forget the ids of every plan but these (a full sync's)."""
         for plan_id in set(self._ids) - plan_ids:
             self.release(plan_id)
 
