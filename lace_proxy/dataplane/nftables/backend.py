@@ -94,6 +94,7 @@ class NftablesBackend:
 
     @property
     def table(self) -> str:
+        """The name of our table (family `inet`)."""
         return self.settings.table
 
     def full_sync(
