@@ -17,11 +17,14 @@ from __future__ import annotations
 import ipaddress
 import logging
 import re
+import socket
+import struct
 import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from lace_proxy.dataplane import netlink
 from lace_proxy.dataplane.nft import netns_prefix
 from lace_proxy.table import Changeset
 
@@ -212,6 +215,44 @@ def _pairs(elements: Iterable[str]) -> set[tuple[str, str]]:
         key, _, endpoint = element.partition(" : ")
         out.add((key.rpartition(" . ")[0], endpoint))
     return out
+
+
+#: ctnetlink: its subsystem, the delete command, and the attributes of an original tuple.
+_CT_DELETE = (1 << 8) | 2  # NFNL_SUBSYS_CTNETLINK, IPCTNL_MSG_CT_DELETE
+_NLM_F_REQUEST = 1
+_CTA_TUPLE_ORIG, _CTA_TUPLE_IP, _CTA_TUPLE_PROTO = 1, 1, 2
+_CTA_PROTO_NUM, _CTA_PROTO_SRC_PORT, _CTA_PROTO_DST_PORT = 1, 2, 3
+
+
+def _attr(kind: int, payload: bytes) -> bytes:
+    """A netlink attribute, padded to 4 bytes."""
+    size = 4 + len(payload)
+    return struct.pack("=HH", size, kind) + payload + bytes(-size % 4)
+
+
+def delete_request(flow: UdpFlow, sequence: int) -> bytes:
+    """The ctnetlink request that deletes a UDP flow's entry by its original tuple; the
+    kernel answers only if it fails (ENOENT: already gone)."""
+    family = socket.AF_INET6 if flow.family == 6 else socket.AF_INET
+    src, dst = (3, 4) if flow.family == 6 else (1, 2)  # CTA_IP_V6_SRC/DST, CTA_IP_V4_SRC/DST
+    addresses = _attr(src, ipaddress.ip_address(flow.client).packed) + _attr(
+        dst, ipaddress.ip_address(flow.frontend).packed
+    )
+    proto = (
+        _attr(_CTA_PROTO_NUM, bytes([socket.IPPROTO_UDP]))
+        + _attr(_CTA_PROTO_SRC_PORT, struct.pack("!H", flow.client_port))
+        + _attr(_CTA_PROTO_DST_PORT, struct.pack("!H", flow.frontend_port))
+    )
+    body = struct.pack("=BBH", family, 0, 0) + _attr(
+        _CTA_TUPLE_ORIG, _attr(_CTA_TUPLE_IP, addresses) + _attr(_CTA_TUPLE_PROTO, proto)
+    )
+    return netlink.header(16 + len(body), _CT_DELETE, _NLM_F_REQUEST, sequence) + body
+
+
+def delete_requests(flows: Iterable[UdpFlow], first: int) -> list[bytes]:
+    """Deletion requests for these flows, numbered from `first`, joined into `send`-sized
+    buffers (netlink.send_together)."""
+    return netlink.chunks(delete_request(f, first + i) for i, f in enumerate(flows))
 
 
 class Conntrack:

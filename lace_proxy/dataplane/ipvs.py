@@ -36,13 +36,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
-from pyroute2 import IPVS, Conntrack, IPRoute, IPVSDest, IPVSService
+from pyroute2 import IPVS, IPRoute, IPVSDest, IPVSService
 from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST, genlmsg
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.generic import ipvs as genl_ipvs
-from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
 
-from lace_proxy.dataplane.conntrack import Filter, UdpFlow
+from lace_proxy.dataplane.conntrack import Filter, delete_requests
+from lace_proxy.dataplane.netlink import (
+    NETLINK_GENERIC,
+    NETLINK_NETFILTER,
+    NetlinkSocket,
+    send_together,
+)
 from lace_proxy.dataplane.nft import enter_netns
 from lace_proxy.dataplane.nftables import NO_NETWORKS, NftablesBackend
 from lace_proxy.networks.graph import NetworkLayout
@@ -458,27 +463,50 @@ class IpvsBackend:
         self, ipvs: Any, gone: list[tuple[VirtualServer, tuple[str, int]]], failed: list[str]
     ) -> int:
         """Delete UDP real servers at once (no graceful termination for UDP, as kube-proxy):
-        expire_nodest_conn moves a flow's next packet to another server. Around it: the
-        replies already on their way are rescued first (nftables translates them, since
-        IPVS no longer does), and the flows' conntrack entries go right after, or IPVS would
-        drop the next packet of each flow that still holds one (ip_vs_in: "old conntrack")."""
+        a flow's next packet then finds its connection's server gone and is balanced anew.
+
+        IPVS drops that packet instead if it still has the flow's old, confirmed conntrack
+        entry (ip_vs_in, expire_nodest_conn: "old conntrack"), until the kernel's own flush
+        of the server's connections deletes the entry a moment later. So:
+        1. The leaving servers get weight 0, so that no new flow picks them; their flows
+           keep them, and the listing that follows holds every flow they will ever have.
+        2. The replies on their way from those servers are rescued (nftables translates
+           them once IPVS no longer does), and the flows' deletion requests are encoded.
+        3. With nothing in between (netlink.send_together): the flows' entries are deleted,
+           the servers, then the flows' entries again (those a packet made in between, sent
+           on to the old server, which is still there). A flow loses a packet only if it
+           sends two inside that moment.
+        Whatever flow the listing missed is deleted last, by endpoint (`conntrack -D`)."""
         if not gone:
             return 0
-        flows = self.nft.rescue_udp_replies([_flows_to(vs, server) for vs, server in gone])
-        count = 0
-        for vs, server in gone:
-            try:
-                _call(ipvs.dest, "del", service=_key(vs), dest=_dest(server, 0))
-                count += 1
-            except RuntimeError as exc:
-                failed.append(str(exc))
-        # At once, over netlink (a packet in between is dropped), then whatever appeared
-        # since the listing, by endpoint (a flow of another virtual service that keeps the
-        # server just makes a new entry).
-        _delete_conntrack(flows)
+        family = ipvs.prid  # the IPVS generic netlink family's id, as the kernel numbers it
+        with NetlinkSocket(NETLINK_GENERIC, answers=len(gone)) as genl:
+            send_together([(genl, _dest_requests(family, genl_ipvs.IPVS_CMD_SET_DEST, gone))])
+            for (vs, server), why in _refusals(gone, genl.answers()):
+                log.warning("IPVS %s: weight 0 for real server %s refused: %s", vs, server, why)
+            flows = self.nft.rescue_udp_replies([_flows_to(vs, server) for vs, server in gone])
+            first = delete_requests(flows, 1)
+            again = delete_requests(flows, len(flows) + 1)
+            servers = _dest_requests(family, genl_ipvs.IPVS_CMD_DEL_DEST, gone)
+            with NetlinkSocket(NETLINK_NETFILTER, answers=2 * len(flows)) as ct:
+                started = time.perf_counter()
+                send_together(
+                    [*((ct, c) for c in first), (genl, servers), *((ct, c) for c in again)]
+                )
+                log.debug(
+                    "IPVS: %d UDP real servers and %d flows' entries deleted in %.3f ms",
+                    len(gone),
+                    len(flows),
+                    (time.perf_counter() - started) * 1000,
+                )
+                for sequence, code in ct.answers().items():
+                    if sequence <= len(flows) and code != errno.ENOENT:
+                        log.warning("conntrack: deleting %s failed: %s", flows[sequence - 1], code)
+            refused = _refusals(gone, genl.answers())
+        failed += [f"IPVS del real server {s} of {vs} failed: {c}" for (vs, s), c in refused]
         if self.nft.conntrack is not None:
             self.nft.conntrack.delete_udp(sorted({_flows_to(None, s) for _, s in gone}))
-        return count
+        return len(gone) - len(refused)
 
     def _converge_one(
         self,
@@ -667,26 +695,39 @@ def _flows_to(vs: VirtualServer | None, server: tuple[str, int]) -> Filter:
     return (*family, *frontend, "--reply-src", server[0], "--reply-port-src", str(server[1]))
 
 
-def _delete_conntrack(flows: list[UdpFlow]) -> None:
-    """Delete these UDP conntrack entries by their original tuple (one netlink socket, on
-    this thread's namespace); one already gone is fine."""
-    if not flows:
-        return
-    with Conntrack() as ct:
-        for f in flows:
-            origin = NFCTAttrTuple(
-                family=socket.AF_INET6 if f.family == 6 else socket.AF_INET,
-                saddr=f.client,
-                daddr=f.frontend,
-                proto=socket.IPPROTO_UDP,
-                sport=f.client_port,
-                dport=f.frontend_port,
-            )
-            try:
-                ct.entry("del", tuple_orig=origin)
-            except NetlinkError as exc:
-                if exc.code != errno.ENOENT:
-                    log.warning("conntrack: deleting %s failed: %s", f, exc)
+def _dest_requests(
+    family: int, command: int, servers: list[tuple[VirtualServer, tuple[str, int]]]
+) -> bytes:
+    """One IPVS request per real server (weight 0, for IPVS_CMD_SET_DEST), numbered from 1
+    in the order given, each acknowledged."""
+    out = []
+    for sequence, (vs, server) in enumerate(servers, 1):
+        msg = genl_ipvs.ipvsmsg()
+        msg["cmd"] = command
+        msg["version"] = genl_ipvs.GENL_VERSION
+        msg["attrs"] = [
+            ("IPVS_CMD_ATTR_SERVICE", _key(vs).dump_key()),
+            ("IPVS_CMD_ATTR_DEST", _dest(server, 0).dump_nla()),
+        ]
+        msg["header"]["type"] = family
+        msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK
+        msg["header"]["sequence_number"] = sequence
+        msg.encode()
+        out.append(bytes(msg.data))
+    return b"".join(out)
+
+
+def _refusals(
+    servers: list[tuple[VirtualServer, tuple[str, int]]], answers: dict[int, int]
+) -> list[tuple[tuple[VirtualServer, tuple[str, int]], str]]:
+    """The requests of `_dest_requests` the kernel refused, or did not answer, with why."""
+    out = []
+    for sequence, pair in enumerate(servers, 1):
+        code = answers.get(sequence)
+        if code != 0:
+            why = "no answer" if code is None else f"{errno.errorcode.get(code, code)}"
+            out.append((pair, why))
+    return out
 
 
 def _dest(server: tuple[str, int], weight: int) -> Any:
