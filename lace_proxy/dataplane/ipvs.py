@@ -41,6 +41,7 @@ from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST, genlmsg
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.generic import ipvs as genl_ipvs
 
+from lace_proxy.dataplane.base import NO_NETWORKS
 from lace_proxy.dataplane.conntrack import Filter, delete_requests
 from lace_proxy.dataplane.netlink import (
     NETLINK_GENERIC,
@@ -49,7 +50,7 @@ from lace_proxy.dataplane.netlink import (
     send_together,
 )
 from lace_proxy.dataplane.nft import enter_netns
-from lace_proxy.dataplane.nftables import NO_NETWORKS, NftablesBackend
+from lace_proxy.dataplane.nftables import NftablesBackend
 from lace_proxy.networks.graph import NetworkLayout
 from lace_proxy.table import Changeset
 

@@ -11,8 +11,7 @@
 The nft command itself runs in `lace_proxy.dataplane.nft`.
 """
 
-from lace_proxy.dataplane.base import NO_NETWORKS  # the IPVS backend's default layout
 from lace_proxy.dataplane.nftables.backend import NftablesBackend
 from lace_proxy.dataplane.nftables.settings import NftablesSettings
 
-__all__ = ["NO_NETWORKS", "NftablesBackend", "NftablesSettings"]
+__all__ = ["NftablesBackend", "NftablesSettings"]
