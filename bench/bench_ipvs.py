@@ -67,7 +67,7 @@ from bench_scale import (
     make_cluster,
 )
 
-import lace_proxy.dataplane.ipvs as ipvs_module
+import lace_proxy.dataplane.ipvs.kernel as ipvs_kernel
 from lace_proxy.dataplane.ipvs import IpvsBackend, IpvsSettings, Wanted, addresses_of
 from lace_proxy.dataplane.nft import Nft
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
@@ -231,11 +231,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         backend = IpvsBackend(IpvsSettings(), nft, netns=netns)
         # Timers around the IPVS backend's kernel work (this process only).
         for name, label in (
-            ("_add_addresses", "addresses"),
-            ("_del_addresses", "addresses"),
-            ("_dump", "dump"),
+            ("add_addresses", "addresses"),
+            ("del_addresses", "addresses"),
+            ("dump", "dump"),
         ):
-            setattr(ipvs_module, name, phases.wrap(label, getattr(ipvs_module, name)))
+            setattr(ipvs_kernel, name, phases.wrap(label, getattr(ipvs_kernel, name)))
         backend._converge = phases.wrap("services", backend._converge)
         out["expected"] = expected_ipvs(plans)
     nft.full_sync = phases.wrap("nft", nft.full_sync)  # type: ignore[method-assign]

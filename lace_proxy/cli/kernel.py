@@ -1,6 +1,6 @@
 """`lace-proxy kernel`: what IPVS holds on this node, and its diff against the table.
 
-The report itself is `lace_proxy.dataplane.ipvs_report`'s, beside the IPVS backend whose
+The report itself is `lace_proxy.dataplane.ipvs.report`'s, beside the IPVS backend whose
 rules it applies; this module checks the input and computes the table's plans.
 """
 
@@ -108,7 +108,7 @@ def cmd_kernel(args: argparse.Namespace) -> int:
         return bad(f"manifests: no such file or folder: {cfg.lace.manifests}")
     if not args.verbose:  # the proxier's own logging is not the answer
         logging.getLogger("lace_proxy").setLevel(logging.ERROR)
-    from lace_proxy.dataplane.ipvs_report import (
+    from lace_proxy.dataplane.ipvs.report import (
         IpvsUnreadable,
         ipvs_text,
         kernel_document,

@@ -2,7 +2,7 @@
 
 pyroute2 talks to the kernel one request at a time, each awaited. Where a sync has many
 requests at once, or several that must reach the kernel with nothing in between, they are
-encoded first (conntrack.py encodes conntrack deletions; ipvs.py real-server changes, through
+encoded first (conntrack.py encodes conntrack deletions; ipvs/kernel.py real-server changes, through
 pyroute2's message classes), then sent here. The kernel handles a netlink request inside
 the `send` that carries it, so once `send_together` returns, every request has been carried
 out and its answer (an error, or an acknowledgement if asked for) waits on the socket.

@@ -17,7 +17,7 @@ from lace_proxy.cli import build_parser, main
 from lace_proxy.cli.kernel import ipvs_plans
 from lace_proxy.config import config_from_args
 from lace_proxy.dataplane.ipvs import KernelView, RealServer, Target, VirtualServer
-from lace_proxy.dataplane.ipvs_report import IPVS_UNAVAILABLE, ipvs_text, kernel_document
+from lace_proxy.dataplane.ipvs.report import IPVS_UNAVAILABLE, ipvs_text, kernel_document
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "lace_proxy" / "demo" / "manifests"
 IPVS_ARGS = ["--manifests", str(EXAMPLES), "--proxy-mode", "ipvs"]

@@ -146,9 +146,10 @@ def test_dummy_interface() -> None:
 
 def test_proc_reader_agrees_with_netlink_and_ipvsadm(ipvs: IPVS) -> None:
     """The sync reads real servers from /proc/net/ip_vs in one go (lace-proxy's
-    `_real_servers`): it must say what a netlink dump per virtual service says, for IPv4
+    `kernel.real_servers`): it must say what a netlink dump per virtual service says, for IPv4
     and IPv6, serving and draining servers, with a fwmark service (not ours) in between."""
-    from lace_proxy.dataplane.ipvs import VirtualServer, _dests, _read, _real_server
+    from lace_proxy.dataplane.ipvs import VirtualServer
+    from lace_proxy.dataplane.ipvs.kernel import dests, read, real_server
 
     sh("ip", "addr", "add", "fd99::1/64", "dev", "lvs-rs0", "nodad")
     try:
@@ -170,14 +171,14 @@ def test_proc_reader_agrees_with_netlink_and_ipvsadm(ipvs: IPVS) -> None:
         sh("ipvsadm", "-a", "-f", "7", "-r", f"{REAL_SERVERS[0]}:0", "-m")
         sh("ipvsadm", "-A", "-t", "[fd98::1]:443", "-s", "wrr")
         sh("ipvsadm", "-a", "-t", "[fd98::1]:443", "-r", "[fd99::2]:8443", "-m", "-w", "3")
-        held = _read(ipvs)
+        held = read(ipvs)
         assert set(held) == {
             VirtualServer("TCP", VIP, 80),
             VirtualServer("UDP", VIP, 53),
             VirtualServer("TCP", "fd98::1", 443),
         }
         for vs, (_, _, servers) in held.items():
-            by_netlink = sorted(map(_real_server, _dests(ipvs, vs)))
+            by_netlink = sorted(map(real_server, dests(ipvs, vs)))
             assert sorted(servers) == by_netlink, vs
         assert held[VirtualServer("UDP", VIP, 53)][:2] == ("mh", 600)
         weights = {(r.address, r.weight) for r in held[VirtualServer("TCP", VIP, 80)][2]}

@@ -1,0 +1,31 @@
+"""IPVS mode (`mode: ipvs`): IPVS load-balances, nftables does everything else.
+
+- `model`: virtual services and what each should be, from plans (no kernel access).
+- `kernel`: IPVS, the dummy interface and sysctls through netlink; IPVS's table read back.
+- `backend`: `IpvsBackend`, the Dataplane (base.py): sync by diff against the kernel.
+- `report`: `lace-proxy kernel`'s report of what IPVS holds against the table.
+"""
+
+from lace_proxy.dataplane.ipvs.backend import IpvsBackend
+from lace_proxy.dataplane.ipvs.kernel import virtual_services
+from lace_proxy.dataplane.ipvs.model import (
+    IpvsSettings,
+    KernelView,
+    RealServer,
+    Target,
+    VirtualServer,
+    Wanted,
+    addresses_of,
+)
+
+__all__ = [
+    "IpvsBackend",
+    "IpvsSettings",
+    "KernelView",
+    "RealServer",
+    "Target",
+    "VirtualServer",
+    "Wanted",
+    "addresses_of",
+    "virtual_services",
+]

@@ -1,0 +1,454 @@
+"""The IPVS backend (`mode: ipvs`): IPVS load-balances, nftables does everything else.
+
+As kube-proxy's IPVS mode: every ClusterIP, ExternalIP and load-balancer IP is an address of
+a dummy interface (`lace-ipvs0`, kept down), so packets to it are delivered locally, where
+IPVS picks a real server and translates (NAT forwarding, set explicitly: pyroute2 defaults
+to direct routing). A NodePort is a virtual service on each node address. nftables keeps its
+table with translation switched off (`NftablesSettings.translate`): access control (the Lace
+network model), reject/drop for services without (local) endpoints, source ranges,
+masquerade marks and hairpin, and a filter that keeps other ports of service addresses away
+from the node's own sockets.
+
+Sync is a diff against what IPVS holds (a dump), never a flush, so a restart adopts the
+previous process's services and established connections carry on. A new address goes
+onto the dummy interface only once IPVS holds its virtual services with their real servers
+(`_add_to_dummy`), so a frontend is never the node's own without them. A real server that
+leaves is first set to weight 0 (no new connections) and deleted once its connections have
+drained (as kube-proxy), or after `grace_period` if one is set. Ownership: virtual services
+on the dummy interface's addresses, and on node addresses within the NodePort range; nothing
+else is touched.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from pyroute2 import IPVS, IPRoute
+from pyroute2.netlink.generic import ipvs as genl_ipvs
+
+from lace_proxy.dataplane.base import NO_NETWORKS
+from lace_proxy.dataplane.conntrack import delete_requests
+from lace_proxy.dataplane.ipvs import kernel
+from lace_proxy.dataplane.ipvs.kernel import STRICT_ARP, SYSCTLS
+from lace_proxy.dataplane.ipvs.model import (
+    IpvsSettings,
+    KernelView,
+    Target,
+    VirtualServer,
+    Wanted,
+    addresses_of,
+)
+from lace_proxy.dataplane.netlink import (
+    NETLINK_GENERIC,
+    NETLINK_NETFILTER,
+    NetlinkSocket,
+    send_together,
+)
+from lace_proxy.dataplane.nft import enter_netns
+from lace_proxy.dataplane.nftables import NftablesBackend
+from lace_proxy.networks.graph import NetworkLayout
+from lace_proxy.table import Changeset
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class IpvsBackend:
+    """Programs plans into IPVS (and the rest into nftables); never decides policy."""
+
+    def __init__(
+        self,
+        settings: IpvsSettings,
+        nft: NftablesBackend,
+        netns: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if nft.settings.translate:
+            raise ValueError("the nftables part of IPVS mode must not translate")
+        self.settings = settings
+        self.nft = nft
+        self.netns = netns
+        self._clock = clock
+        # Kernel calls run on one thread that lives in the namespace (tests; production: here).
+        self._worker = (
+            ThreadPoolExecutor(1, initializer=enter_netns, initargs=(netns,)) if netns else None
+        )
+        self._exclude = tuple(ipaddress.ip_network(c, strict=False) for c in settings.exclude_cidrs)
+        self._programmed: dict[VirtualServer, Target] = {}
+        self._wanted = Wanted((), settings.scheduler)  # set by each full sync
+        self._address_refs: Counter[str] = Counter()  # dummy address -> plans using it
+        self._node_addresses: tuple[str, ...] = ()
+        # Real servers draining at weight 0, with their deadlines, per virtual service.
+        self._terminating: dict[VirtualServer, dict[tuple[str, int], float]] = {}
+        self.last_changes = 0  # IPVS and address operations of the last sync (0: converged)
+
+    # -- the Dataplane protocol --
+
+    def full_sync(
+        self,
+        plans: Iterable[Any],
+        changes: Changeset | None = None,
+        layout: NetworkLayout = NO_NETWORKS,
+    ) -> int:
+        """nftables in full, then IPVS and the dummy's addresses by diff against the kernel."""
+        plans = list(plans)
+        count = self.nft.full_sync(plans, changes, layout)
+        self.last_changes = self._run(self._reconcile, plans)
+        return count + self.last_changes
+
+    def apply(self, changes: Changeset, layout: NetworkLayout = NO_NETWORKS) -> int:
+        """nftables' transaction, then the changed plans' virtual services."""
+        count = self.nft.apply(changes, layout)
+        self.last_changes = self._run(self._apply, changes)
+        return count + self.last_changes
+
+    def node_addresses_changed(self, addresses: tuple[str, ...]) -> bool:
+        """As nftables mode (which renders them); the addresses NodePort virtual services
+        use are read from the kernel at each full sync."""
+        return self.nft.node_addresses_changed(addresses)
+
+    def cleanup(self) -> bool:
+        """Remove every virtual service of ours, the dummy interface and the nftables table."""
+        self.remove_ipvs()
+        return self.nft.cleanup()
+
+    def remove_ipvs(self) -> int:
+        """Remove every virtual service of ours and the dummy interface; returns how many."""
+        return self._run(self._cleanup)
+
+    def held(self) -> dict[VirtualServer, Target]:
+        """What IPVS holds (ours and others'), for the CLI and tests."""
+
+        def dump() -> dict[VirtualServer, Target]:
+            with IPVS() as ipvs:
+                return {vs: target for vs, (target, _) in kernel.dump(ipvs).items()}
+
+        return self._run(dump)
+
+    def inspect(self) -> KernelView:
+        """What IPVS holds in detail, the dummy's addresses and the node addresses a sync
+        would put NodePorts on, read as a sync reads them (`kernel.read`); changes nothing (not
+        even the dummy interface), so the CLI can show and diff a live node."""
+
+        def read() -> KernelView:
+            with IPRoute() as ipr:
+                links = ipr.link_lookup(ifname=self.settings.interface)
+                index = int(links[0]) if links else -1
+                dummy = kernel.held_addresses(ipr, index) if links else set()
+                nodes = self._local_addresses(ipr, index)
+            with IPVS() as ipvs:
+                held = kernel.read(ipvs)
+            services = {vs: kernel.target(vs_held) for vs, vs_held in held.items()}
+            details = {vs: servers for vs, (_, _, servers) in held.items()}
+            return KernelView(services, details, frozenset(dummy), nodes)
+
+        return self._run(read)
+
+    def owns(
+        self, vs: VirtualServer, dummy_addresses: Collection[str], node_addresses: Collection[str]
+    ) -> bool:
+        """The ownership rule: a virtual service on a dummy address, or on a node address
+        within the NodePort range, is ours (everything else is left alone)."""
+        if self._excluded(vs.address):
+            return False
+        low, high = self.settings.node_port_range
+        return vs.address in dummy_addresses or (
+            vs.address in node_addresses and low <= vs.port <= high
+        )
+
+    # -- on the kernel's thread --
+
+    def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._worker is None:
+            return fn(*args)
+        return self._worker.submit(fn, *args).result()
+
+    def _reconcile(self, plans: list[Any]) -> int:
+        kernel.write_sysctls({**SYSCTLS, **(STRICT_ARP if self.settings.strict_arp else {})})
+        s = self.settings
+        timeouts = (s.tcp_timeout, s.tcp_fin_timeout, s.udp_timeout)
+        if any(timeouts):
+            with IPVS() as ipvs:
+                kernel.set_timeouts(ipvs, timeouts)
+        refs: Counter[str] = Counter()
+        for plan in plans:
+            refs.update(addresses_of(plan))
+        with IPRoute() as ipr:
+            index = kernel.dummy(ipr, self.settings.interface)
+            self._node_addresses = self._local_addresses(ipr, index)
+            held = kernel.held_addresses(ipr, index)
+        self._address_refs = refs
+        wanted = Wanted(self._node_addresses, self.settings.scheduler)
+        for plan in plans:
+            wanted.add(plan)
+        desired = wanted.desired()
+        now = self._clock()
+        count = 0
+        with IPVS() as ipvs:
+            held_services = {}
+            ours = set(refs) | held  # also the addresses of services deleted meanwhile
+            for vs, (target, draining) in kernel.dump(ipvs).items():
+                # Ours: by address, wanted now, or made by this process (e.g. a NodePort on
+                # an address the node no longer has).
+                made = vs in self._programmed and not self._excluded(vs.address)
+                if vs in desired or self._owns(vs, ours) or made:
+                    held_services[vs] = target
+                    for server in draining:  # e.g. left by a previous process: finish them
+                        self._terminating.setdefault(vs, {}).setdefault(
+                            server, now + self.settings.grace_period
+                        )
+            try:
+                count += self._converge(ipvs, held_services, desired)
+            finally:
+                count += self._add_to_dummy(set(refs) - held)
+        self._programmed, self._wanted = desired, wanted
+        with IPRoute() as ipr:  # after IPVS: the addresses say which services are ours
+            count += kernel.del_addresses(ipr, index, held - set(refs))
+        return count
+
+    def _apply(self, changes: Changeset) -> int:
+        wanted = self._wanted
+        touched: set[VirtualServer] = set()
+        delta: Counter[str] = Counter()
+        for plan in (*changes.removed, *(old for old, _ in changes.updated)):
+            touched.update(wanted.remove(plan))
+            delta.subtract(addresses_of(plan))
+        for plan in (*changes.added, *(new for _, new in changes.updated)):
+            touched.update(wanted.add(plan))
+            delta.update(addresses_of(plan))
+        after = {vs: t for vs in touched if (t := wanted.target(vs)) is not None}
+        refs = self._address_refs
+        appear = {a for a, d in delta.items() if d > 0 and refs[a] == 0}
+        vanish = {a for a, d in delta.items() if d < 0 and refs[a] + d <= 0}
+        count = 0
+        held = {vs: self._programmed[vs] for vs in touched if vs in self._programmed}
+        with IPVS() as ipvs:
+            try:
+                count += self._converge(ipvs, held, after, only=touched)
+            finally:
+                count += self._add_to_dummy(appear)
+        for vs in touched - set(after):
+            self._programmed.pop(vs, None)
+        self._programmed.update(after)
+        for address, d in delta.items():
+            refs[address] += d
+            if refs[address] <= 0:
+                del refs[address]
+        if vanish:
+            with IPRoute() as ipr:
+                index = kernel.dummy(ipr, self.settings.interface)
+                count += kernel.del_addresses(ipr, index, vanish)
+        return count
+
+    def _add_to_dummy(self, addresses: set[str]) -> int:
+        """Put new service addresses on the dummy interface; called once IPVS holds their
+        virtual services with every real server (also when the kernel refused some other
+        operation). An address makes its frontends the node's own at once: added first, a
+        new connection reached the node's own sockets on that port (or was reset), then a
+        virtual service with no real server yet (IPVS refused it). Until it is added, a new
+        address is routed as a foreign one (nftables refuses connections to a ClusterIP that
+        is not local: cluster-ips-check)."""
+        if not addresses:
+            return 0
+        with IPRoute() as ipr:
+            return kernel.add_addresses(ipr, kernel.dummy(ipr, self.settings.interface), addresses)
+
+    def _converge(
+        self,
+        ipvs: Any,
+        held: dict[VirtualServer, Target],
+        desired: dict[VirtualServer, Target],
+        only: set[VirtualServer] | None = None,
+    ) -> int:
+        """Make the virtual services in `held` (ours; all of them, or those in `only`) look
+        like `desired`, then finish real servers whose draining is over."""
+        count = 0
+        now = self._clock()
+        failed: list[str] = []
+        udp_gone: list[tuple[VirtualServer, tuple[str, int]]] = []
+        for vs, want in desired.items():
+            try:
+                count += self._converge_one(ipvs, vs, held.get(vs), want, now, udp_gone)
+            except RuntimeError as exc:  # one service the kernel refuses stops no other
+                failed.append(str(exc))
+        count += self._remove_udp(ipvs, udp_gone, failed)
+        for vs, have in held.items():
+            if vs in desired or (only is not None and vs not in only):
+                continue
+            self._terminating.pop(vs, None)
+            try:
+                kernel.call(ipvs.service, "del", service=kernel.service(vs, have))
+                count += 1
+            except RuntimeError as exc:
+                failed.append(str(exc))
+        for vs in sorted(self._terminating):
+            draining = self._terminating[vs]
+            conns = kernel.connections(ipvs, vs)
+            for server in sorted(draining):
+                if conns.get(server, 0) == 0 or now >= draining[server]:
+                    del draining[server]
+                    if server in conns:
+                        kernel.call(
+                            ipvs.dest, "del", service=kernel.key(vs), dest=kernel.dest(server, 0)
+                        )
+                        count += 1
+            if not draining:
+                del self._terminating[vs]
+        if failed:  # the others are programmed; the sync counts as failed and is retried
+            raise RuntimeError(f"{len(failed)} IPVS operations failed: {'; '.join(failed[:3])}")
+        return count
+
+    def _remove_udp(
+        self, ipvs: Any, gone: list[tuple[VirtualServer, tuple[str, int]]], failed: list[str]
+    ) -> int:
+        """Delete UDP real servers at once (no graceful termination for UDP, as kube-proxy):
+        a flow's next packet then finds its connection's server gone and is balanced anew.
+
+        IPVS drops that packet instead if it still has the flow's old, confirmed conntrack
+        entry (ip_vs_in, expire_nodest_conn: "old conntrack"), until the kernel's own flush
+        of the server's connections deletes the entry a moment later. So:
+        1. The leaving servers get weight 0, so that no new flow picks them; their flows
+           keep them, and the listing that follows holds every flow they will ever have.
+        2. The replies on their way from those servers are rescued (nftables translates
+           them once IPVS no longer does), and the flows' deletion requests are encoded.
+        3. With nothing in between (netlink.send_together): the flows' entries are deleted,
+           the servers, then the flows' entries again (those a packet made in between, sent
+           on to the old server, which is still there). A flow loses a packet only if it
+           sends two inside that moment.
+        Whatever flow the listing missed is deleted last, by endpoint (`conntrack -D`)."""
+        if not gone:
+            return 0
+        family = ipvs.prid  # the IPVS generic netlink family's id, as the kernel numbers it
+        with NetlinkSocket(NETLINK_GENERIC, answers=len(gone)) as genl:
+            send_together([(genl, kernel.dest_requests(family, genl_ipvs.IPVS_CMD_SET_DEST, gone))])
+            for (vs, server), why in kernel.refusals(gone, genl.answers()):
+                log.warning("IPVS %s: weight 0 for real server %s refused: %s", vs, server, why)
+            flows = self.nft.rescue_udp_replies(
+                [kernel.flows_to(vs, server) for vs, server in gone]
+            )
+            first = delete_requests(flows, 1)
+            again = delete_requests(flows, len(flows) + 1)
+            servers = kernel.dest_requests(family, genl_ipvs.IPVS_CMD_DEL_DEST, gone)
+            with NetlinkSocket(NETLINK_NETFILTER, answers=2 * len(flows)) as ct:
+                started = time.perf_counter()
+                send_together(
+                    [*((ct, c) for c in first), (genl, servers), *((ct, c) for c in again)]
+                )
+                log.debug(
+                    "IPVS: %d UDP real servers and %d flows' entries deleted in %.3f ms",
+                    len(gone),
+                    len(flows),
+                    (time.perf_counter() - started) * 1000,
+                )
+                for sequence, code in ct.answers().items():
+                    if sequence <= len(flows) and code != errno.ENOENT:
+                        log.warning("conntrack: deleting %s failed: %s", flows[sequence - 1], code)
+            refused = kernel.refusals(gone, genl.answers())
+        failed += [f"IPVS del real server {s} of {vs} failed: {c}" for (vs, s), c in refused]
+        if self.nft.conntrack is not None:
+            self.nft.conntrack.delete_udp(sorted({kernel.flows_to(None, s) for _, s in gone}))
+        return len(gone) - len(refused)
+
+    def _converge_one(
+        self,
+        ipvs: Any,
+        vs: VirtualServer,
+        have: Target | None,
+        want: Target,
+        now: float,
+        udp_gone: list[tuple[VirtualServer, tuple[str, int]]],
+    ) -> int:
+        """One virtual service to `want`; its UDP real servers to delete go to `udp_gone`."""
+        count = 0
+        service = kernel.service(vs, want)
+        if have is None:
+            kernel.call(ipvs.service, "add", service=service)
+            count += 1
+            have = Target(want.scheduler, want.persistence, frozenset())
+        elif (have.scheduler, have.persistence) != (want.scheduler, want.persistence):
+            kernel.call(ipvs.service, "set", service=service)
+            count += 1
+        draining = self._terminating.get(vs, {})
+        for server in sorted(want.servers - have.servers):
+            if not kernel.unicast(server[0]):
+                log.warning("IPVS %s: real server %s is not a unicast address; skipped", vs, server)
+                continue
+            back = draining.pop(server, None) is not None
+            kernel.call(
+                ipvs.dest, "set" if back else "add", service=service, dest=kernel.dest(server, 1)
+            )
+            count += 1
+        for server in sorted(have.servers - want.servers):
+            if vs.protocol == "UDP":
+                udp_gone.append((vs, server))  # deleted at once: _remove_udp
+                continue
+            # No new connections; deleted once drained (below, or at a later sync).
+            kernel.call(ipvs.dest, "set", service=service, dest=kernel.dest(server, 0))
+            self._terminating.setdefault(vs, {})[server] = now + self.settings.grace_period
+            count += 1
+        if vs in self._terminating and not self._terminating[vs]:
+            del self._terminating[vs]
+        return count
+
+    def _owns(self, vs: VirtualServer, dummy_addresses: set[str]) -> bool:
+        return self.owns(vs, dummy_addresses, self._node_addresses)
+
+    def _excluded(self, address: str) -> bool:
+        ip = ipaddress.ip_address(address)
+        return any(ip in net for net in self._exclude if net.version == ip.version)
+
+    def _local_addresses(
+        self, ipr: Any, dummy_index: int, *, every: bool = False
+    ) -> tuple[str, ...]:
+        """The node's addresses that NodePorts answer on (as nftables' NodePort rule); with
+        `every`, all that NodePorts may ever have used (cleanup: no Node object, no config)."""
+        nft = self.nft.settings
+        out = []
+        for msg in ipr.get_addr():
+            # IFA_LOCAL is the node's own end of a point-to-point link (IFA_ADDRESS the peer's).
+            address = str(ipaddress.ip_address(msg.get("local") or msg.get("address")))
+            ip = ipaddress.ip_address(address)
+            if msg["index"] == dummy_index or ip.is_loopback or ip.is_link_local:
+                continue
+            if every:
+                out.append(address)
+                continue
+            if nft.node_port_primary and address not in self.nft.renderer.node_addresses:
+                continue
+            if nft.node_port_cidrs and not any(
+                ip in ipaddress.ip_network(c, strict=False)
+                for c in nft.node_port_cidrs
+                if ipaddress.ip_network(c, strict=False).version == ip.version
+            ):
+                continue
+            out.append(address)
+        return tuple(sorted(set(out)))
+
+    def _cleanup(self) -> int:
+        with IPRoute() as ipr:
+            links = ipr.link_lookup(ifname=self.settings.interface)
+            dummy_addresses = (
+                {str(ipaddress.ip_address(m.get("address"))) for m in ipr.get_addr(index=links[0])}
+                if links
+                else set()
+            )
+            self._node_addresses = self._local_addresses(ipr, links[0] if links else -1, every=True)
+            if links:
+                ipr.link("del", index=links[0])
+        count = 0
+        with IPVS() as ipvs:
+            for vs, (target, _) in kernel.dump(ipvs).items():
+                made = vs in self._programmed and not self._excluded(vs.address)
+                if self._owns(vs, dummy_addresses) or made:
+                    kernel.call(ipvs.service, "del", service=kernel.service(vs, target))
+                    count += 1
+        self._programmed.clear()
+        self._terminating.clear()
+        return count
