@@ -61,6 +61,8 @@ class UdpFlow:
     pod_port: int
     reply_dst: str
     reply_dst_port: int
+    #: Seen both ways more than once: a flow that goes on (a stream), not a lone query.
+    assured: bool = False
 
 
 #: A tuple field of `conntrack -L` output, and the order a tuple prints them in.
@@ -82,7 +84,11 @@ def parse_flows(text: str) -> list[UdpFlow]:
             v[i] = ipaddress.ip_address(v[i]).compressed
         family = 6 if ":" in v[0] else 4
         flows.append(
-            UdpFlow(family, v[0], int(v[2]), v[1], int(v[3]), v[4], int(v[6]), v[5], int(v[7]))
+            UdpFlow(
+                family,
+                *(v[0], int(v[2]), v[1], int(v[3]), v[4], int(v[6]), v[5], int(v[7])),
+                assured="[ASSURED]" in line,
+            )
         )
     return flows
 

@@ -9,10 +9,11 @@ from lace_proxy.dataplane import rescue
 from lace_proxy.dataplane.conntrack import UdpFlow, parse_flows
 
 #: `conntrack -L -p udp` (conntrack-tools 1.4.7) as printed for a DNATed flow of each
-#: family, an unanswered one, and the summary line (stderr, here mixed in).
+#: family (the first a stream: ASSURED), an unanswered one, and the summary line (stderr,
+#: here mixed in).
 LISTING = """\
 udp      17 29 src=127.0.0.1 dst=10.9.9.9 sport=40001 dport=53 src=127.0.0.1 dst=127.0.0.1 \
-sport=5300 dport=40001 mark=0 use=1
+sport=5300 dport=40001 [ASSURED] mark=0 use=1
 udp      17 29 src=::1 dst=fd00::9 sport=40002 dport=53 src=::1 dst=::1 sport=5300 \
 dport=40002 mark=0 use=1
 udp      17 29 src=10.0.0.7 dst=10.9.9.9 sport=40003 dport=53 [UNREPLIED] src=10.244.0.2 \
@@ -23,7 +24,7 @@ conntrack v1.4.7 (conntrack-tools): 3 flow entries have been shown.
 
 def test_the_listing_reads_back_as_flows() -> None:
     assert parse_flows(LISTING) == [
-        UdpFlow(4, "127.0.0.1", 40001, "10.9.9.9", 53, "127.0.0.1", 5300, "127.0.0.1", 40001),
+        UdpFlow(4, "127.0.0.1", 40001, "10.9.9.9", 53, "127.0.0.1", 5300, "127.0.0.1", 40001, True),
         UdpFlow(6, "::1", 40002, "fd00::9", 53, "::1", 5300, "::1", 40002),
         UdpFlow(4, "10.0.0.7", 40003, "10.9.9.9", 53, "10.244.0.2", 5300, "10.250.0.1", 61000),
     ]

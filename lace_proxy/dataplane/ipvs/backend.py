@@ -321,7 +321,8 @@ class IpvsBackend:
         3. With nothing in between (netlink.send_together): the flows' entries are deleted,
            the servers, then the flows' entries again (those a packet made in between, sent
            on to the old server, which is still there). A flow loses a packet only if it
-           sends two inside that moment.
+           sends two inside that moment; streams (conntrack's ASSURED flows) are deleted
+           last the first time and first the second, so theirs is the shortest.
         Whatever flow the listing missed is deleted last, by endpoint (`conntrack -D`)."""
         if not gone:
             return 0
@@ -330,11 +331,12 @@ class IpvsBackend:
             send_together([(genl, kernel.dest_requests(family, genl_ipvs.IPVS_CMD_SET_DEST, gone))])
             for (vs, server), why in kernel.refusals(gone, genl.answers()):
                 log.warning("IPVS %s: weight 0 for real server %s refused: %s", vs, server, why)
-            flows = self.nft.rescue_udp_replies(
-                [kernel.flows_to(vs, server) for vs, server in gone]
-            )
+            listed = self.nft.rescue_udp_replies([kernel.flows_to(vs, s) for vs, s in gone])
+            # Lone queries first and streams last, then streams first: a flow's moment between
+            # its two deletions is the shorter the nearer it is to the servers' deletion.
+            flows = sorted(listed, key=lambda f: f.assured)
             first = delete_requests(flows, 1)
-            again = delete_requests(flows, len(flows) + 1)
+            again = delete_requests(flows[::-1], len(flows) + 1)
             servers = kernel.dest_requests(family, genl_ipvs.IPVS_CMD_DEL_DEST, gone)
             with NetlinkSocket(NETLINK_NETFILTER, answers=2 * len(flows)) as ct:
                 started = time.perf_counter()
