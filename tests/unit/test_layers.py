@@ -110,7 +110,6 @@ LONGER = {
     "lace_proxy.dataplane.ipvs",
     "lace_proxy.demo.testbed",
     "lace_proxy.doctor",
-    "lace_proxy.explain",
 }
 
 
