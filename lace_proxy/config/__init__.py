@@ -23,6 +23,10 @@ Rules:
   for its mode. Flags beat the file, so the order is: flag section > flag top level > file
   section > file top level > default. `ProxyConfig`'s top-level fields hold the values in
   effect for its `mode`.
+
+Modules: `schema` (every field: how it is read, validated and written back), `duration` (Go
+durations), `settings` (`ProxyConfig` and its sections), `load` (`load_config`: the layers
+merged and checked across fields), `flags` (the command line), `errors` (`ConfigError`).
 """
 
 from lace_proxy.config.duration import format_duration, parse_duration

@@ -3,10 +3,10 @@
 An operator asking "why can't X reach Y?" needs four answers at once: which network the source
 is in, what the destination is (a service frontend, a pod, nothing of ours), which network the
 service is bound to, and which policy lets the connection through or what is missing. This
-module gives them from the same state the proxy programs (the proxier's table, its network view
-and graph, the settings the renderer uses), so that the answer is the kernel's answer, not a
-second opinion. The decision is the graph's (`NetworkGraph.classify`, `allowed_sources` via
-the plans' `Access`, `layout()` for the node's own traffic); this module only names the
+package gives them from the same state the proxy programs (the proxier's table, its network
+view and graph, the settings the renderer uses), so that the answer is the kernel's answer, not
+a second opinion. The decision is the graph's (`NetworkGraph.classify`, `allowed_sources` via
+the plans' `Access`, `layout()` for the node's own traffic); this package only names the
 policies behind it and orders the kernel's checks as the nftables chains do:
 
 * output (the node's own traffic, `node`): ClusterIPs outside node.serviceCIDRs are not
@@ -19,6 +19,10 @@ policies behind it and orders the kernel's checks as the nftables chains do:
 
 `check_kernel` compares what `explain` expects of the kernel's sets with what
 `NftablesBackend.read_back()` reports, using the renderer's own element text.
+
+Modules: `query` (the question and the state it is answered from), `decide` (the decision),
+`reasons` (the words naming what is behind it), `kernel` (what the kernel must hold, and the
+check), `explanation` (the answer, as text or JSON).
 """
 
 from lace_proxy.explain.decide import explain
