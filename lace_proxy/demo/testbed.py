@@ -24,7 +24,7 @@ namespaces (nothing is created in the root namespace; packets never leave these 
   and external ranges (and its link to the node), so it reaches pods only through addresses
   the proxy translates.
 
-Servers (tests/netns/servers.py) run in node, client and every pod, on all their addresses
+Servers (servers.py) run in node, client and every pod, on all their addresses
 and on ``ports`` (TCP and UDP), and answer "NAME LOCAL_IP:PORT PEER_IP". What the topology
 supports asserting:
 
@@ -44,55 +44,101 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import ctypes
-import errno
 import itertools
-import json
 import os
 import re
-import select
 import signal
-import socket
-import struct
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures.thread import BrokenThreadPool
-from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, Literal, Self, TypeVar
+from collections.abc import Iterator, Sequence
+from typing import Self
 
-# Address plan: private ranges only, the same in every testbed (each has its own namespaces).
-UPLINK_NODE4, UPLINK_NODE6 = "10.250.0.1", "fd00:250::1"
-CLIENT4, CLIENT6 = "10.250.0.2", "fd00:250::2"
-GWLINK_NODE4, GWLINK_NODE6 = "10.250.1.1", "fd00:250:1::1"
-GW4, GW6 = "10.250.1.2", "fd00:250:1::2"
-POD_CIDR4, POD_CIDR6 = "10.251.0.0/24", "fd00:251::/64"
-POD_GATEWAY4, POD_GATEWAY6 = "10.251.0.1", "fd00:251::1"
-SERVICE_CIDR4, SERVICE_CIDR6 = "10.96.0.0/16", "fd00:96::/112"
-EXTERNAL_CIDR4, EXTERNAL_CIDR6 = "10.252.0.0/24", "fd00:252::/64"  # LoadBalancer / external IPs
-FABRIC4 = "10.250.0.254"  # the two-node testbed's router and sink (cluster.py)
+from lace_proxy.demo.addresses import (
+    CLIENT4,
+    CLIENT6,
+    ESCAPE_ICMP4,
+    ESCAPE_ICMP6,
+    EXTERNAL_CIDR4,
+    EXTERNAL_CIDR6,
+    FABRIC4,
+    GW4,
+    GW6,
+    GWLINK_NODE4,
+    GWLINK_NODE6,
+    POD_CIDR4,
+    POD_CIDR6,
+    POD_GATEWAY4,
+    POD_GATEWAY6,
+    SERVICE_CIDR4,
+    SERVICE_CIDR6,
+    SINK_ICMP,
+    UPLINK_NODE4,
+    UPLINK_NODE6,
+)
+from lace_proxy.demo.forkserver import ForkServer, Server
+from lace_proxy.demo.netns import (
+    Host,
+    Icmp,
+    Netns,
+    Reply,
+    Result,
+    Where,
+    host_sysctls,
+    list_netns,
+    namespace_of,
+    reachable,
+    request_tcp,
+    request_udp,
+    run_checked,
+    write_sysctls,
+)
+
+# Tests, the sandbox and the other testbeds import the whole kit from here.
+__all__ = [
+    "CLIENT4",
+    "CLIENT6",
+    "DEFAULT_PORTS",
+    "ESCAPE_ICMP4",
+    "ESCAPE_ICMP6",
+    "EXTERNAL_CIDR4",
+    "EXTERNAL_CIDR6",
+    "FABRIC4",
+    "GW4",
+    "GW6",
+    "GWLINK_NODE4",
+    "GWLINK_NODE6",
+    "MAX_PODS",
+    "POD_CIDR4",
+    "POD_CIDR6",
+    "POD_GATEWAY4",
+    "POD_GATEWAY6",
+    "SERVICE_CIDR4",
+    "SERVICE_CIDR6",
+    "SINK_ICMP",
+    "UPLINK_NODE4",
+    "UPLINK_NODE6",
+    "Host",
+    "Icmp",
+    "Netns",
+    "Reply",
+    "Result",
+    "Testbed",
+    "TestbedBase",
+    "Where",
+    "host_sysctls",
+    "list_netns",
+    "reachable",
+    "remove_stale_namespaces",
+    "request_tcp",
+    "request_udp",
+    "run_checked",
+    "write_sysctls",
+]
 
 DEFAULT_PORTS = (80, 8080, 30080)
 MAX_PODS = 99  # keeps namespace names within IFNAMSIZ-1 (15) characters
-SOURCE_PORTS = range(20000, 30000)  # below the ephemeral range and the NodePort range
-
-# (ICMP type, code) that gw uses for "left the node untouched".
-ESCAPE_ICMP4 = (3, 9)  # destination unreachable, network administratively prohibited
-ESCAPE_ICMP6 = (1, 6)  # destination unreachable, reject route to destination
-# Every sink's ICMP sender and the (type, code) it rejects with: an error from one of these,
-# and only with that type and code, means "escaped". No other host uses these addresses.
-SINK_ICMP: dict[str, tuple[int, int]] = {
-    GW4: ESCAPE_ICMP4,
-    GW6: ESCAPE_ICMP6,
-    FABRIC4: ESCAPE_ICMP4,
-}
-
-SERVER_SCRIPT = Path(__file__).with_name("servers.py")
 
 GW_SINK_RULES = """
 table inet lace_testbed_sink {
@@ -104,12 +150,6 @@ table inet lace_testbed_sink {
 }
 """
 
-CLONE_NEWNET = 0x40000000
-IP_RECVERR = 11  # not exported by Python 3.11's socket module
-IPV6_RECVERR = 25
-SO_EE_ORIGIN_ICMP, SO_EE_ORIGIN_ICMP6 = 2, 3
-SOCK_EXTENDED_ERR = struct.Struct("=IBBBBII")  # errno, origin, type, code, pad, info, data
-
 # "lp<pid hex>.<testbed no hex><role>". Testbed's roles: N(ode), C(lient), G(w), P<i> (pods).
 # ClusterTestbed's: F(abric), Xf and Xn (the far and near clients), Na and Nb (nodes), and
 # Pa1 Pa2 Pab Pb1 Pbb (pods: the node's letter, then the pod's number or b for blue).
@@ -117,344 +157,7 @@ SOCK_EXTENDED_ERR = struct.Struct("=IBBBBII")  # errno, origin, type, code, pad,
 _NAME_PATTERN = re.compile(
     r"lp([0-9a-f]+)\.[0-9a-f]+(?:N|C|G|P[0-9]+|F|E|X[fn]|N[ab]|P[ab][12b]|Pax)"
 )
-_LIBC = ctypes.CDLL(None, use_errno=True)
 _testbeds = itertools.count()
-T = TypeVar("T")
-
-Outcome = Literal["reply", "refused", "escaped", "timeout", "error"]
-
-
-def _enter_netns(name: str) -> None:
-    """Move the calling thread (only) into a named namespace, and prove it got there."""
-    path = f"/run/netns/{name}"
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        if _LIBC.setns(fd, CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns({path}): {os.strerror(err)}")
-    finally:
-        os.close(fd)
-    if os.stat("/proc/thread-self/ns/net").st_ino != os.stat(path).st_ino:
-        raise RuntimeError(f"thread did not enter netns {name}")
-
-
-class Netns:
-    """A named network namespace plus one worker thread that lives inside it.
-
-    Sockets belong to the namespace they were created in, so the worker only has to create
-    them; the caller then uses them from its own thread. This keeps a request at a few hundred
-    microseconds, with no process per request and no namespace switching in the test thread.
-    """
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._ports = itertools.count()
-        # An initializer that fails breaks the pool, so no job can ever run in the wrong netns.
-        self._worker = ThreadPoolExecutor(
-            1, thread_name_prefix=f"netns-{name}", initializer=_enter_netns, initargs=(name,)
-        )
-        try:
-            self.call(int)  # start the worker now, so failing to enter the netns shows here
-        except BrokenThreadPool as exc:
-            self._worker.shutdown()
-            raise RuntimeError(f"cannot enter netns {name} (see the log for why)") from exc
-
-    def __repr__(self) -> str:
-        return f"Netns({self.name!r})"
-
-    def call(self, fn: Callable[..., T], /, *args: object) -> T:
-        """Run fn in the namespace (its sockets, /proc/sys/net and child processes are there)."""
-        return self._worker.submit(fn, *args).result()
-
-    def socket(self, family: int, kind: int) -> socket.socket:
-        """A socket in this namespace, bound to a source port not used before in this run.
-
-        A reused 5-tuple would follow an existing conntrack entry's NAT decision. IP_RECVERR
-        queues ICMP errors so callers can tell who rejected a packet and how.
-        """
-        sock = self.call(socket.socket, family, kind)
-        try:
-            if family == socket.AF_INET:
-                sock.setsockopt(socket.SOL_IP, IP_RECVERR, 1)
-            else:
-                sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVERR, 1)
-            wildcard = "::" if family == socket.AF_INET6 else "0.0.0.0"
-            for _ in range(100):
-                port = SOURCE_PORTS[next(self._ports) % len(SOURCE_PORTS)]
-                try:
-                    sock.bind((wildcard, port))
-                    return sock
-                except OSError as exc:
-                    if exc.errno != errno.EADDRINUSE:
-                        raise
-            raise OSError(errno.EADDRINUSE, f"no free source port in {self.name}")
-        except BaseException:
-            sock.close()
-            raise
-
-    def close(self) -> None:
-        """Stop the worker, dropping its reference to the namespace."""
-        self._worker.shutdown(wait=True)
-
-
-@dataclass(frozen=True)
-class Host:
-    """A namespace with its primary addresses: node, client, gw or a pod."""
-
-    name: str
-    ipv4: str
-    ipv6: str
-    ns: Netns
-
-
-@dataclass(frozen=True)
-class Reply:
-    """A server's answer: who answered, on which address/port (after DNAT), to whom (after SNAT)."""
-
-    name: str
-    ip: str
-    port: int
-    peer: str
-
-
-@dataclass(frozen=True)
-class Icmp:
-    """The ICMP error that ended a request, and the address that sent it."""
-
-    type: int
-    code: int
-    sender: str
-
-
-@dataclass(frozen=True)
-class Result:
-    """How one request ended.
-
-    outcome: "reply"; "refused" (TCP RST, or an ICMP error from anyone but a sink; errno and
-    icmp say which); "escaped" (a sink, gw or the cluster's fabric, rejected it: it left the
-    node untranslated); "timeout"; "error" (anything else, e.g. no local route or a malformed
-    reply; see detail).
-    """
-
-    outcome: Outcome
-    reply: Reply | None = None
-    errno: str | None = None
-    icmp: Icmp | None = None
-    elapsed: float = 0.0
-    detail: str = ""
-
-
-Where = Netns | Host
-
-
-def _netns(where: Where) -> Netns:
-    return where.ns if isinstance(where, Host) else where
-
-
-def _family(ip: str) -> int:
-    return socket.AF_INET6 if ":" in ip else socket.AF_INET
-
-
-def _queued_icmp(sock: socket.socket) -> Icmp | None:
-    """The ICMP error queued on the socket by IP_RECVERR, if any (none means a TCP RST)."""
-    sock.setblocking(False)  # with a timeout set, Python would wait for the queue to fill
-    try:
-        _, ancdata, _, _ = sock.recvmsg(1, 512, socket.MSG_ERRQUEUE)
-    except BlockingIOError:
-        return None
-    for _, _, data in ancdata:
-        _, origin, icmp_type, code, *_ = SOCK_EXTENDED_ERR.unpack_from(data)
-        offender = data[SOCK_EXTENDED_ERR.size :]
-        if origin == SO_EE_ORIGIN_ICMP:
-            return Icmp(icmp_type, code, socket.inet_ntop(socket.AF_INET, offender[4:8]))
-        if origin == SO_EE_ORIGIN_ICMP6:
-            return Icmp(icmp_type, code, socket.inet_ntop(socket.AF_INET6, offender[8:24]))
-    return None
-
-
-def _failed(sock: socket.socket, exc: OSError, started: float) -> Result:
-    name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
-    elapsed = time.monotonic() - started
-    icmp = _queued_icmp(sock)
-    if icmp is not None:
-        escaped = SINK_ICMP.get(icmp.sender) == (icmp.type, icmp.code)
-        return Result("escaped" if escaped else "refused", None, name, icmp, elapsed)
-    if exc.errno == errno.ECONNREFUSED:
-        return Result("refused", None, name, None, elapsed)
-    return Result("error", None, name, None, elapsed, str(exc))
-
-
-def _parsed(data: bytes, started: float) -> Result:
-    elapsed = time.monotonic() - started
-    try:
-        name, local, peer = data.decode().split()
-        ip, port = local.rsplit(":", 1)
-        return Result("reply", Reply(name, ip.strip("[]"), int(port), peer), elapsed=elapsed)
-    except ValueError:
-        return Result("error", elapsed=elapsed, detail=f"unexpected reply {data!r}")
-
-
-def request_tcp(where: Where, ip: str, port: int, timeout: float = 2.0) -> Result:
-    """Connect from a namespace to ip:port and read the server's line."""
-    started = time.monotonic()
-    with _netns(where).socket(_family(ip), socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        try:
-            sock.connect((ip, port))
-            chunks = []
-            while chunk := sock.recv(4096):
-                chunks.append(chunk)
-                sock.settimeout(max(started + timeout - time.monotonic(), 0.001))
-        except TimeoutError:
-            return Result("timeout", elapsed=time.monotonic() - started)
-        except OSError as exc:
-            return _failed(sock, exc, started)
-    return _parsed(b"".join(chunks), started)
-
-
-def request_udp(where: Where, ip: str, port: int, timeout: float = 2.0) -> Result:
-    """Send one datagram from a namespace to ip:port and wait for the server's line."""
-    started = time.monotonic()
-    with _netns(where).socket(_family(ip), socket.SOCK_DGRAM) as sock:
-        sock.settimeout(timeout)
-        try:
-            sock.connect((ip, port))
-            sock.send(b"?\n")
-            data = sock.recv(4096)
-        except TimeoutError:
-            return Result("timeout", elapsed=time.monotonic() - started)
-        except OSError as exc:
-            return _failed(sock, exc, started)
-    return _parsed(data, started)
-
-
-def write_sysctls(values: dict[str, int]) -> None:
-    """Runs in a namespace worker: /proc/sys/net shows the calling thread's namespace."""
-    for key, value in values.items():
-        Path("/proc/sys", key.replace(".", "/")).write_text(f"{value}\n")
-
-
-def host_sysctls(router: bool) -> dict[str, int]:
-    """Settings for every namespace. IPv4 ones are otherwise inherited from the host's."""
-    forward = int(router)
-    return {
-        # ICMP errors must never be rate limited, or a REJECT burst looks like a DROP.
-        "net.ipv4.icmp_ratelimit": 0,
-        "net.ipv6.icmp.ratelimit": 0,
-        "net.ipv4.icmp_msgs_per_sec": 1_000_000,
-        "net.ipv4.icmp_msgs_burst": 1_000_000,
-        "net.ipv4.ip_forward": forward,
-        "net.ipv6.conf.all.forwarding": forward,
-        "net.ipv4.conf.all.rp_filter": 0,
-        "net.ipv4.conf.default.rp_filter": 0,
-        # gw and node forward back out the interface a packet came in on; no redirects.
-        "net.ipv4.conf.all.send_redirects": 0,
-        "net.ipv4.conf.default.send_redirects": 0,
-        "net.ipv4.conf.all.accept_redirects": 0,
-        "net.ipv4.conf.default.accept_redirects": 0,
-        "net.ipv6.conf.all.accept_redirects": 0,
-        "net.ipv6.conf.default.accept_redirects": 0,
-        # Addresses must be usable at once, not after a second of duplicate detection.
-        "net.ipv6.conf.all.accept_dad": 0,
-        "net.ipv6.conf.default.accept_dad": 0,
-    }
-
-
-def run_checked(argv: Sequence[str], input: str | None = None, timeout: float = 30.0) -> str:
-    proc = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
-    return proc.stdout
-
-
-class _ForkServer:
-    """servers.py --fork-server: one per test process, started on first use; it forks the
-    testbeds' servers, so none pays an interpreter's start. Exits with this process (its
-    control socket closes)."""
-
-    _lock = threading.Lock()
-    _running: tuple[int, socket.socket, subprocess.Popen[bytes]] | None = None
-
-    @classmethod
-    def spawn(cls, netns: str, argv: Sequence[str], stderr: IO[bytes]) -> _Server:
-        """A server in `netns` with these arguments, its stderr to the file `stderr`."""
-        stdin_r, stdin_w = os.pipe()
-        stdout_r, stdout_w = os.pipe()
-        try:
-            with cls._lock:
-                control = cls._control()
-                socket.send_fds(
-                    control, [json.dumps([netns, list(argv)]).encode()],
-                    [stdin_r, stdout_w, stderr.fileno()],
-                )  # fmt: skip
-                reply = control.recv(64)
-            if not reply.endswith(b"\n"):
-                raise RuntimeError("the testbed's fork server did not answer")
-            pid = int(reply)
-        except BaseException:
-            for fd in (stdin_w, stdout_r):
-                os.close(fd)
-            raise
-        finally:
-            os.close(stdin_r)
-            os.close(stdout_w)
-        return _Server(argv[0], pid, os.fdopen(stdin_w, "wb"), os.fdopen(stdout_r, "rb"), stderr)
-
-    @classmethod
-    def _control(cls) -> socket.socket:
-        if cls._running is not None and cls._running[0] == os.getpid():
-            return cls._running[1]
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        with theirs:
-            argv = [sys.executable, "-I", "-S", str(SERVER_SCRIPT), "--fork-server"]
-            proc = subprocess.Popen(
-                [*argv, str(theirs.fileno())],
-                stdin=subprocess.DEVNULL,
-                pass_fds=[theirs.fileno()],
-                start_new_session=True,  # a terminal's Ctrl-C stays away from it
-            )
-        cls._running = (os.getpid(), ours, proc)
-        return ours
-
-
-@dataclass
-class _Server:
-    """One server (a child of the fork server); its stderr goes to a file, so it can never
-    block on a pipe. Watched through a pidfd: it is not this process's child."""
-
-    name: str
-    pid: int
-    stdin: IO[bytes]
-    stdout: IO[bytes]
-    stderr: IO[bytes]
-
-    def wait_ready(self, deadline: float) -> None:
-        ready, _, _ = select.select([self.stdout], [], [], max(deadline - time.monotonic(), 0))
-        line = self.stdout.readline() if ready else b""
-        if line != b"ready\n":
-            raise RuntimeError(f"server {self.name} not ready: {self.stop().strip()}")
-
-    def stop(self) -> str:
-        """Close stdin (the server exits on EOF), make sure it is gone; return its stderr."""
-        with contextlib.suppress(OSError):
-            self.stdin.close()
-        try:
-            pidfd = os.pidfd_open(self.pid)
-        except ProcessLookupError:
-            pidfd = None  # already gone and reaped
-        if pidfd is not None:  # readable once the process has exited
-            try:
-                if not select.select([pidfd], [], [], 2)[0]:
-                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-                    select.select([pidfd], [], [], 5)
-            finally:
-                os.close(pidfd)
-        self.stdout.close()
-        if self.stderr.closed:
-            return ""
-        self.stderr.seek(0)
-        with self.stderr:
-            return self.stderr.read().decode(errors="replace")
 
 
 @contextlib.contextmanager
@@ -468,15 +171,6 @@ def _sigint_deferred() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
-
-
-def reachable(source: Where, ip: str, port: int, deadline: float) -> Result:
-    """A TCP request from source to ip:port, repeated while it times out (veths, and bridge
-    ports, come up asynchronously) until deadline; the last result."""
-    result = request_tcp(source, ip, port, 0.2)
-    while result.outcome == "timeout" and time.monotonic() < deadline:
-        result = request_tcp(source, ip, port, 0.2)
-    return result
 
 
 class TestbedBase(abc.ABC):
@@ -496,7 +190,7 @@ class TestbedBase(abc.ABC):
         self.prefix = f"lp{os.getpid():x}.{next(_testbeds):x}"
         self._names: list[str] = []
         self._netns: list[Netns] = []
-        self._servers: list[_Server] = []
+        self._servers: list[Server] = []
         self.setup_seconds = 0.0
 
     def __enter__(self) -> Self:
@@ -566,14 +260,14 @@ class TestbedBase(abc.ABC):
         ports: Sequence[int],
         http_ports: Sequence[int] = (),
         echo_ports: Sequence[int] = (),
-    ) -> _Server:
-        stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed by _Server.stop)
+    ) -> Server:
+        stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed by Server.stop)
         argv = [name, *map(str, ports)]
         if http_ports:
             argv += ["--http", *map(str, http_ports)]
         if echo_ports:
             argv += ["--echo", *map(str, echo_ports)]
-        return _ForkServer.spawn(host.ns.name, argv, stderr)
+        return ForkServer.spawn(host.ns.name, argv, stderr)
 
     def serve(
         self,
@@ -599,7 +293,7 @@ class TestbedBase(abc.ABC):
         self, where: Where, argv: Sequence[str], *, input: str | None = None, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
         """Run a command in a namespace (via `ip netns exec`, so /sys matches too)."""
-        full = ["ip", "netns", "exec", _netns(where).name, *argv]
+        full = ["ip", "netns", "exec", namespace_of(where).name, *argv]
         proc = subprocess.run(full, input=input, capture_output=True, text=True, timeout=60)
         if check and proc.returncode != 0:
             raise RuntimeError(f"{' '.join(full)} failed ({proc.returncode}): {proc.stderr}")
@@ -744,11 +438,6 @@ class Testbed(TestbedBase):
             result = reachable(self.node, ip, self.ports[0], deadline)
             if result.outcome != outcome:
                 raise RuntimeError(f"node to {ip}: expected {outcome}, got {result}")
-
-
-def list_netns() -> list[str]:
-    """Names of all named network namespaces on the machine."""
-    return [line.split()[0] for line in run_checked(["ip", "netns", "list"]).splitlines() if line]
 
 
 def remove_stale_namespaces() -> list[str]:

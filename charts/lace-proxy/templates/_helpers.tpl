@@ -78,7 +78,7 @@ they could not turn a default true into false.
 {{- end -}}
 
 {{/*
-The KubeProxyConfiguration (as YAML) that lace_proxy/config.py reads. Only fields its schema
+The KubeProxyConfiguration (as YAML) that lace_proxy/config/ reads. Only fields its schema
 knows are written; values.extraConfig is deep-merged last, so it may set any other field the
 schema accepts (or override one of these). Empty lists and strings are left out, which means
 "lace-proxy's default" for every field here.
