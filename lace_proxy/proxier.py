@@ -254,7 +254,7 @@ class Proxier:
         self.metrics.record_conditions(c.code for c in self.networks.conditions)
         self._queued()
 
-    def _layout(self) -> NetworkLayout:
+    def layout(self) -> NetworkLayout:
         """The network model as the kernel needs it, with this node's podCIDRs and the
         ServiceCIDR objects' ranges."""
         layout = self.networks.graph.layout()
@@ -336,7 +336,7 @@ class Proxier:
         start = time.monotonic()
         full = full or self._need_full
         changes = self.table.build()
-        layout = self._layout()  # of the same moment as the plans
+        layout = self.layout()  # of the same moment as the plans
         if self._pod_networks is not None:
             self._pod_networks(tuple(prefix for prefix, _ in layout.pod_prefixes))
         try:
@@ -365,7 +365,7 @@ class Proxier:
             if self.routes is not None and (full or self._routes_pending):
                 self._routes_pending = False  # before the await: a change meanwhile sets it
                 count += await loop.run_in_executor(
-                    self._executor, self.routes.sync, self._layout(), self._node_addresses
+                    self._executor, self.routes.sync, self.layout(), self._node_addresses
                 )
         except Exception as exc:  # the kernel refused: keep serving what is programmed
             self._need_full = True

@@ -66,7 +66,7 @@ def _node_port_addresses(state: State) -> set[str]:
 
 def _layout(state: State) -> NetworkLayout:
     """The layout the kernel is given (with this node's podCIDRs): what output checks."""
-    return state.proxier._layout()
+    return state.proxier.layout()
 
 
 def _unallocated(state: State, address: str) -> str | None:
