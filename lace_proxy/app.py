@@ -20,7 +20,7 @@ from lace_proxy import __version__, implementation
 from lace_proxy.config import ProxyConfig
 from lace_proxy.dataplane.base import Dataplane
 from lace_proxy.dataplane.conntrack import Conntrack
-from lace_proxy.dataplane.egress import EgressSettings, EgressSnat
+from lace_proxy.dataplane.egress_snat import EgressSettings, EgressSnat
 from lace_proxy.dataplane.ipvs import IpvsBackend, IpvsSettings
 from lace_proxy.dataplane.nft import Nft
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings

@@ -84,7 +84,7 @@ same endpoint until they close.""",
 def cmd_cleanup(args: argparse.Namespace) -> int:
     """Remove lace-proxy's kernel state, or kube-proxy's leftovers; 1 if any stayed."""
     from lace_proxy.app import egress_settings, ipvs_settings, nftables_settings, routing_settings
-    from lace_proxy.dataplane.egress import EgressSnat
+    from lace_proxy.dataplane.egress_snat import EgressSnat
     from lace_proxy.dataplane.ipvs import IpvsBackend
     from lace_proxy.dataplane.nft import Nft
     from lace_proxy.dataplane.nftables import NftablesBackend

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lace_proxy.dataplane.egress import nft_interface_name
+from lace_proxy.dataplane.egress_snat import nft_interface_name
 from lace_proxy.doctor.severity import NOTE, PROBLEM
 from lace_proxy.egress.routing import Route, RoutingSnapshot, covered
 

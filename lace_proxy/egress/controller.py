@@ -31,7 +31,7 @@ from pyroute2.netlink.rtnl import (
     RTMGRP_LINK,
 )
 
-from lace_proxy.dataplane.egress import EgressSnat, Ranges, nft_interface_name
+from lace_proxy.dataplane.egress_snat import EgressSnat, Ranges, nft_interface_name
 from lace_proxy.dataplane.nft import NftError, enter_netns
 from lace_proxy.egress.routing import read_snapshot
 

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from lace_proxy.cli import main
-from lace_proxy.dataplane.egress import EgressSettings, EgressSnat
+from lace_proxy.dataplane.egress_snat import EgressSettings, EgressSnat
 from lace_proxy.dataplane.nft import Nft
 from lace_proxy.demo.testbed import Result, request_tcp, request_udp
 from lace_proxy.egress.controller import EgressController

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lace_proxy.dataplane.egress import EgressSettings, EgressSnat
+from lace_proxy.dataplane.egress_snat import EgressSettings, EgressSnat
 from lace_proxy.dataplane.nft import Nft
 
 RANGES = {4: [("0.0.0.0", "255.255.255.255", "10.250.0.11")]}
