@@ -382,7 +382,8 @@ def _grants(
     if src not in graph.networks or dest not in graph.networks:
         return [], []
     s, d = _labels(graph, src), _labels(graph, dest)
-    picks, misses = [], []
+    picks: list[str] = []
+    misses: list[str] = []
     for p in _policies(state.proxier.lace, ServiceRoutingPolicy):
         if p.src_selector.matches(s) and p.dest_selector.matches(d):
             sel = p.service_selector
@@ -987,6 +988,7 @@ def _dispatch_expects(plan: Any, f: Any, q: Query) -> list[Expect]:
     """The frontend's dispatch element: in the kernel at all, whatever its verdict."""
     _, element, _ = _access_elements(plan, f, None)
     v = f"v{plan.family}"
+    maps: tuple[str, ...]
     if f.kind == NODE_PORT:
         maps = (f"service-nodeports-{v}", f"no-endpoint-nodeports-{v}")
     else:

@@ -527,13 +527,11 @@ def _ordered(backends: Iterable[Any]) -> list[Any]:
 
 
 def _collapsed(cidrs: Iterable[str]) -> list[str]:
-    """CIDRs without overlaps (an interval set refuses them), per family."""
+    """CIDRs without overlaps (an interval set refuses them), per family (IPv4 first)."""
     nets = [ipaddress.ip_network(c, strict=False) for c in cidrs]
-    out: list[str] = []
-    for version in FAMILIES:
-        mine = [n for n in nets if n.version == version]
-        out += [str(n) for n in ipaddress.collapse_addresses(mine)]  # type: ignore[arg-type]
-    return out
+    v4 = ipaddress.collapse_addresses(n for n in nets if isinstance(n, ipaddress.IPv4Network))
+    v6 = ipaddress.collapse_addresses(n for n in nets if isinstance(n, ipaddress.IPv6Network))
+    return [str(n) for n in (*v4, *v6)]
 
 
 def clusterip_ranges(layout: NetworkLayout, settings: NftablesSettings) -> list[str]:
