@@ -54,6 +54,7 @@ from lace_proxy.table.changeset import backend_state
 
 if TYPE_CHECKING:
     from lace_proxy.proxier import Proxier
+    from lace_proxy.table import Backend, Frontend, Plan, ServiceTable
 
 NODE = "node"
 PROTOCOLS = ("TCP", "UDP", "SCTP")
@@ -391,7 +392,7 @@ def _grants(
     return picks, misses
 
 
-def _find_frontend(state: State, q: Query) -> tuple[Any, Any, str | None] | None:
+def _find_frontend(state: State, q: Query) -> tuple[Plan, Frontend, str | None] | None:
     """(plan, frontend, node name for another node's NodePort) that DST:PORT/PROTO hits."""
     table = state.proxier.table
     own = _node_port_addresses(state)
@@ -489,7 +490,7 @@ def explain(state: State, q: Query) -> Explanation:
 
 
 def _explain_frontend(
-    state: State, e: Explanation, plan: Any, f: Any, elsewhere: str | None
+    state: State, e: Explanation, plan: Plan, f: Frontend, elsewhere: str | None
 ) -> Explanation:
     """DST is a frontend of a service port: the network model, then the endpoint checks."""
     q = e.query
@@ -613,7 +614,7 @@ def _explain_frontend(
 
 
 def _explain_remote_node_port(
-    state: State, e: Explanation, plan: Any, f: Any, node: str, labels: Mapping[str, str]
+    state: State, e: Explanation, plan: Plan, f: Frontend, node: str, labels: Mapping[str, str]
 ) -> Explanation:
     """Another node's NodePort: decided there, where the node's traffic has its address."""
     q = e.query
@@ -800,7 +801,7 @@ def _done(
     reason: str,
     expects: Sequence[Expect],
     *,
-    backends: Iterable[Any],
+    backends: Iterable[Backend],
     allowed_by: Sequence[tuple[str, str]] = (),
     none: str | None = None,
     kernel_note: str | None = None,
@@ -912,7 +913,7 @@ def _peering_hint(graph: NetworkGraph, network: str) -> str:
     return f"needs a NetworkRoutingPolicy from {graph.host_local} to {network}"
 
 
-def _no_backends(table: Any, plan: Any, e: Explanation, f: Any) -> str:
+def _no_backends(table: ServiceTable, plan: Plan, e: Explanation, f: Frontend) -> str:
     """Why a frontend has no endpoint to send to."""
     if e.excluded:
         return "every endpoint is excluded by the network model (see excluded)"
@@ -961,7 +962,7 @@ def _conditions(
     return tuple(sorted(set(out)))
 
 
-def _access_elements(plan: Any, f: Any, network: str | None) -> tuple[str, str, str | None]:
+def _access_elements(plan: Plan, f: Frontend, network: str | None) -> tuple[str, str, str | None]:
     """(controlled set, the frontend's element, `network`'s reach set) as the renderer writes
     them: `Renderer.render_access` on the plan, as if `network` were its only source."""
     view = SimpleNamespace(
@@ -984,7 +985,7 @@ def _access_elements(plan: Any, f: Any, network: str | None) -> tuple[str, str, 
     return controlled, element, reach
 
 
-def _dispatch_expects(plan: Any, f: Any, q: Query) -> list[Expect]:
+def _dispatch_expects(plan: Plan, f: Frontend, q: Query) -> list[Expect]:
     """The frontend's dispatch element: in the kernel at all, whatever its verdict."""
     _, element, _ = _access_elements(plan, f, None)
     v = f"v{plan.family}"

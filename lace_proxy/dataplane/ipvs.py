@@ -52,7 +52,7 @@ from lace_proxy.dataplane.netlink import (
 from lace_proxy.dataplane.nft import enter_netns
 from lace_proxy.dataplane.nftables import NftablesBackend
 from lace_proxy.networks.graph import NetworkLayout
-from lace_proxy.table import Changeset
+from lace_proxy.table import Backend, Changeset, Plan
 
 log = logging.getLogger(__name__)
 
@@ -137,14 +137,14 @@ class KernelView:
 
 
 def render(
-    plan: Any, node_addresses: Iterable[str], default_scheduler: str
+    plan: Plan, node_addresses: Iterable[str], default_scheduler: str
 ) -> list[tuple[VirtualServer, int, Target]]:
     """A plan's virtual services, each with its rank (0: an address frontend, 1: a NodePort on
     a node address): its ClusterIP, ExternalIPs and LB IPs, and its NodePort on each node
     address of the plan's family."""
     scheduler = getattr(plan, "scheduler", "") or default_scheduler
 
-    def target(backends: Iterable[Any], verdict: str | None) -> Target:
+    def target(backends: Iterable[Backend], verdict: str | None) -> Target:
         servers = frozenset() if verdict else frozenset((b.ip, b.port) for b in backends)
         return Target(scheduler, plan.affinity_timeout, servers)
 
@@ -175,7 +175,7 @@ class Wanted:
         self._wants: dict[VirtualServer, dict[str, tuple[int, Target]]] = {}
         self._of_plan: dict[str, list[VirtualServer]] = {}
 
-    def add(self, plan: Any) -> list[VirtualServer]:
+    def add(self, plan: Plan) -> list[VirtualServer]:
         """Record a plan's virtual services; returns them."""
         rendered = render(plan, self.node_addresses, self.scheduler)
         for vs, rank, target in rendered:
@@ -183,7 +183,7 @@ class Wanted:
         self._of_plan[plan.id] = [vs for vs, _, _ in rendered]
         return self._of_plan[plan.id]
 
-    def remove(self, plan: Any) -> list[VirtualServer]:
+    def remove(self, plan: Plan) -> list[VirtualServer]:
         """Forget a plan (as it was added); returns the virtual services it wanted."""
         services = self._of_plan.pop(plan.id, [])
         for vs in services:
@@ -208,7 +208,7 @@ class Wanted:
         return {vs: t for vs in self._wants if (t := self.target(vs)) is not None}
 
 
-def addresses_of(plan: Any) -> set[str]:
+def addresses_of(plan: Plan) -> set[str]:
     """The addresses a plan needs on the dummy interface (NodePorts use the node's own)."""
     return {plan.cluster_ip, *plan.external_ips, *plan.lb_ips}
 
@@ -250,7 +250,7 @@ class IpvsBackend:
 
     def full_sync(
         self,
-        plans: Iterable[Any],
+        plans: Iterable[Plan],
         changes: Changeset | None = None,
         layout: NetworkLayout = NO_NETWORKS,
     ) -> int:
@@ -327,7 +327,7 @@ class IpvsBackend:
             return fn(*args)
         return self._worker.submit(fn, *args).result()
 
-    def _reconcile(self, plans: list[Any]) -> int:
+    def _reconcile(self, plans: list[Plan]) -> int:
         _write_sysctls({**SYSCTLS, **(STRICT_ARP if self.settings.strict_arp else {})})
         s = self.settings
         timeouts = (s.tcp_timeout, s.tcp_fin_timeout, s.udp_timeout)
