@@ -28,7 +28,7 @@ from typing import Any
 from aiohttp import web
 
 from lace_proxy.metrics import ProxyMetrics
-from lace_proxy.table import Changeset
+from lace_proxy.table import Changeset, Plan
 
 log = logging.getLogger(__name__)
 
@@ -190,9 +190,9 @@ class HealthCheckPorts:
     """
 
     def __init__(self) -> None:
-        self._plans: dict[str, Any] = {}  # plan id -> plan, for plans with a health check port
+        self._plans: dict[str, Plan] = {}  # plan id -> plan, for plans with a health check port
 
-    def replace(self, plans: Iterable[Any]) -> None:
+    def replace(self, plans: Iterable[Plan]) -> None:
         """After a full sync: `plans` is everything programmed."""
         self._plans = {p.id: p for p in plans if p.health_check_node_port}
 

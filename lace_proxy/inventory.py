@@ -15,6 +15,7 @@ from typing import Any
 from lace_proxy.model import EndpointSlice, Service
 from lace_proxy.model.endpointslice import Endpoint
 from lace_proxy.proxier import Proxier
+from lace_proxy.table import Backend, Plan
 
 Doc = dict[str, Any]
 
@@ -33,8 +34,8 @@ def _state(ready: bool, serving: bool, terminating: bool) -> str:
     return "not-ready"
 
 
-def _plans_by_service(proxier: Proxier) -> dict[str, list[Any]]:
-    out: dict[str, list[Any]] = {}
+def _plans_by_service(proxier: Proxier) -> dict[str, list[Plan]]:
+    out: dict[str, list[Plan]] = {}
     for plan in proxier.table.plans():
         out.setdefault(plan.service, []).append(plan)
     return out
@@ -110,7 +111,7 @@ def _family(sl: EndpointSlice) -> int | None:
     return {"IPv4": 4, "IPv6": 6}.get(sl.address_type)
 
 
-def _kinds(plan: Any) -> list[tuple[str, bool, tuple[Any, ...]]]:
+def _kinds(plan: Plan) -> list[tuple[str, bool, tuple[Backend, ...]]]:
     """The traffic a plan carries: (name, whose policy is Local, the backends it uses)."""
     kinds = [("cluster", plan.internal_local, plan.internal_backends)]
     if plan.node_port or plan.external_ips or plan.lb_ips:
@@ -118,7 +119,7 @@ def _kinds(plan: Any) -> list[tuple[str, bool, tuple[Any, ...]]]:
     return kinds
 
 
-def _why_unused(ep: Endpoint, plan: Any, node: str, zone: str | None) -> str:
+def _why_unused(ep: Endpoint, plan: Plan, node: str, zone: str | None) -> str:
     """The most specific reason the table gave none of the plan's traffic to this endpoint."""
     if not ep.ready and not (ep.serving and ep.terminating):
         return "not ready"

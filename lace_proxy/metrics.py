@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -21,6 +21,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
 from lace_proxy import __version__, implementation
+
+if TYPE_CHECKING:
+    from lace_proxy.table import Plan
 
 # kube-proxy exports no `_created` series; they would double the series count for nothing.
 prometheus_client.disable_created_metrics()
@@ -61,7 +64,7 @@ ChangeKind = Literal["service", "endpoints"]
 class _Table(Protocol):
     """What the table gauges read from a ServiceTable."""
 
-    def plans(self) -> Iterator[Any]: ...
+    def plans(self) -> Iterator[Plan]: ...
 
     @property
     def conflicts(self) -> Mapping[str, Sequence[str]]: ...

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from lace_proxy.model import Node
     from lace_proxy.networks import NetworkView
     from lace_proxy.proxier import Proxier
+    from lace_proxy.table import Backend
 
 
 def register(commands: Commands) -> None:
@@ -164,7 +165,7 @@ exit codes:
     explain_cmd.set_defaults(func=cmd_explain)
 
 
-def _backend_rows(backends: Sequence[Any]) -> str:
+def _backend_rows(backends: Sequence[Backend]) -> str:
     """A frontend's backends on one line: address (state,where) each, or "-"."""
     if not backends:
         return "-"
@@ -187,7 +188,7 @@ def cmd_table(args: argparse.Namespace) -> int:
     # never synced, so nothing reaches the kernel.
     proxier = app.computed_proxier(cfg, on_reject=print_rejection)
     networks = proxier.networks
-    rows = []
+    rows: list[dict[str, Any]] = []
     for plan in sorted(proxier.table.plans(), key=lambda p: p.id):
         for f in plan.frontends():
             address = f.address if f.address is not None else "*"
@@ -223,7 +224,7 @@ def cmd_table(args: argparse.Namespace) -> int:
         print()
         return 0
     headers: tuple[str, ...] = ("SERVICE", "PORT", "KIND", "FRONTEND", "ACTION", "BACKENDS")
-    lines = [
+    lines: list[tuple[str, ...]] = [
         (r["service"], r["port"] or "-", r["kind"], r["frontend"], r["action"], r["_text"])
         for r in rows
     ]
@@ -329,7 +330,11 @@ def cmd_inventory(args: argparse.Namespace) -> int:
         if computed:
             proxier = _computed_proxier(args, cfg)
             compute = state_socket.DOCUMENTS[what]
-            doc = {"node": cfg.hostname_override, "ready": True, what: compute(proxier)}
+            doc: dict[str, Any] = {
+                "node": cfg.hostname_override,
+                "ready": True,
+                what: compute(proxier),
+            }
         else:
             if not cfg.lace.state_socket:
                 raise _InputError(

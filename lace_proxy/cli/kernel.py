@@ -11,7 +11,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lace_proxy.cli.common import (
     Commands,
@@ -24,6 +24,7 @@ from lace_proxy.config import ProxyConfig, add_config_flags, config_from_args
 
 if TYPE_CHECKING:
     from lace_proxy.dataplane.ipvs import IpvsBackend
+    from lace_proxy.table import Plan
 
 
 def register(commands: Commands) -> None:
@@ -70,7 +71,7 @@ exit codes:
     kernel.set_defaults(func=cmd_kernel)
 
 
-def ipvs_plans(args: argparse.Namespace, cfg: ProxyConfig) -> tuple[IpvsBackend, list[Any]]:
+def ipvs_plans(args: argparse.Namespace, cfg: ProxyConfig) -> tuple[IpvsBackend, list[Plan]]:
     """The IPVS backend as `run` would make it, reading --netns's kernel, and the table's
     plans as `table` computes them (the proxier's own change tracker, never synced)."""
     from lace_proxy import app

@@ -22,11 +22,10 @@ import struct
 import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from lace_proxy.dataplane import netlink
 from lace_proxy.dataplane.nft import netns_prefix
-from lace_proxy.table import Changeset
+from lace_proxy.table import Changeset, Plan
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +92,7 @@ def parse_flows(text: str) -> list[UdpFlow]:
     return flows
 
 
-def _endpoints(plan: Any | None) -> set[tuple[str, int]]:
+def _endpoints(plan: Plan | None) -> set[tuple[str, int]]:
     """The endpoints whose flows a plan keeps: those it uses and those on standby."""
     if plan is None:
         return set()
@@ -101,21 +100,21 @@ def _endpoints(plan: Any | None) -> set[tuple[str, int]]:
     return {(b.ip, b.port) for b in backends}
 
 
-def _served(plan: Any | None) -> bool:
+def _served(plan: Plan | None) -> bool:
     return plan is not None and plan.internal_verdict != "reject"
 
 
 def stale_udp_filters(changes: Changeset) -> StaleFlows:
     """The conntrack deletions a changeset calls for (UDP service ports only)."""
     out = StaleFlows()
-    pairs: Iterable[tuple[Any | None, Any | None]] = (
+    pairs: Iterable[tuple[Plan | None, Plan | None]] = (
         *((old, None) for old in changes.removed),
         *((None, new) for new in changes.added),
         *changes.updated,
     )
     for old, new in pairs:
         plan = old or new
-        if plan.protocol != "UDP":
+        if plan is None or plan.protocol != "UDP":
             continue
         family = ("-f", "ipv6") if plan.family == 6 else ()
         addresses = _addresses(plan)
@@ -156,7 +155,7 @@ _ENDPOINT_MAPS = {
 
 
 def stale_udp_filters_by_elements(
-    diff: Mapping[str, tuple[set[str], set[str]]], plans: Iterable[Any] = ()
+    diff: Mapping[str, tuple[set[str], set[str]]], plans: Iterable[Plan] = ()
 ) -> StaleFlows:
     """The conntrack deletions a full sync's element diff calls for, when what was
     programmed before is known from the kernel (after a restart) rather than a changeset:
@@ -195,10 +194,10 @@ def stale_udp_filters_by_elements(
     return out
 
 
-def _standby_pairs(plans: Iterable[Any]) -> set[tuple[str, str]]:
+def _standby_pairs(plans: Iterable[Plan]) -> set[tuple[str, str]]:
     """(frontend, endpoint) as the endpoint maps spell them, for every UDP plan's standby
     endpoints: `ADDRESS . udp . PORT` (and `udp . NODEPORT`), `IP . PORT`."""
-    out = set()
+    out: set[tuple[str, str]] = set()
     for plan in plans:
         if plan.protocol != "UDP" or not plan.standby_backends:
             continue
@@ -210,7 +209,7 @@ def _standby_pairs(plans: Iterable[Any]) -> set[tuple[str, str]]:
     return out
 
 
-def _addresses(plan: Any) -> tuple[str, ...]:
+def _addresses(plan: Plan) -> tuple[str, ...]:
     return (plan.cluster_ip, *plan.external_ips, *plan.lb_ips)
 
 
@@ -279,7 +278,7 @@ class Conntrack:
             address = flags.get("--orig-dst")
             frontend = None if address is None else ipaddress.ip_address(address).compressed
             frontends.setdefault(endpoint, set()).add((frontend, int(flags["--orig-port-dst"])))
-        flows = []
+        flows: list[UdpFlow] = []
         for endpoint, wanted in frontends.items():
             proc = self._run("-L", endpoint)
             if proc.returncode != 0:

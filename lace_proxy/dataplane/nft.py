@@ -77,7 +77,7 @@ def _json(out: str, what: str) -> dict[str, Any]:
     """nft's JSON output; nft 1.0.6 prints broken JSON for some objects (a table another
     program holds with `flags owner`), which is a clear error, not a parser traceback."""
     try:
-        return json.loads(out)  # type: ignore[no-any-return]
+        return json.loads(out)
     except json.JSONDecodeError as exc:
         raise NftError(f"nft -j {what}: unreadable output ({exc})", out[-200:]) from exc
 

@@ -133,7 +133,8 @@ def answer_udp(name: str, sock: socket.socket) -> None:
 
 def main(argv: list[str]) -> int:
     """Bind everything, report readiness, serve until stdin closes."""
-    name, groups = argv[0], {"": [], "--http": [], "--echo": []}
+    name = argv[0]
+    groups: dict[str, list[int]] = {"": [], "--http": [], "--echo": []}
     group = groups[""]
     for arg in argv[1:]:
         if arg in groups:

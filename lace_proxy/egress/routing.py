@@ -36,7 +36,7 @@ DROPPING = {6: "blackhole", 7: "unreachable", 8: "prohibit"}  # RTN_* route type
 RT_SCOPE_UNIVERSE = 0
 IFA_F_SECONDARY = 0x01
 RTAX_MTU = "RTAX_MTU"
-_FAMILY = {socket.AF_INET: 4, socket.AF_INET6: 6}
+_FAMILY: dict[int, int] = {socket.AF_INET: 4, socket.AF_INET6: 6}
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lace_proxy.dataplane.nftables.render import allows_all, clusterip_ranges
 from lace_proxy.explain import reasons
@@ -30,8 +30,11 @@ from lace_proxy.networks.view import Binding
 from lace_proxy.prefixes import covered
 from lace_proxy.table import CLUSTER_IP, LOAD_BALANCER, NODE_PORT, Access
 
+if TYPE_CHECKING:
+    from lace_proxy.table import Backend, Frontend, Plan
 
-def _find_frontend(state: State, q: Query) -> tuple[Any, Any, str | None] | None:
+
+def _find_frontend(state: State, q: Query) -> tuple[Plan, Frontend, str | None] | None:
     """(plan, frontend, node name for another node's NodePort) that DST:PORT/PROTO hits."""
     table = state.proxier.table
     own = _node_port_addresses(state)
@@ -129,7 +132,7 @@ def explain(state: State, q: Query) -> Explanation:
 
 
 def _explain_frontend(
-    state: State, e: Explanation, plan: Any, f: Any, elsewhere: str | None
+    state: State, e: Explanation, plan: Plan, f: Frontend, elsewhere: str | None
 ) -> Explanation:
     """DST is a frontend of a service port: the network model, then the endpoint checks."""
     q = e.query
@@ -253,7 +256,7 @@ def _explain_frontend(
 
 
 def _explain_remote_node_port(
-    state: State, e: Explanation, plan: Any, f: Any, node: str, labels: Mapping[str, str]
+    state: State, e: Explanation, plan: Plan, f: Frontend, node: str, labels: Mapping[str, str]
 ) -> Explanation:
     """Another node's NodePort: decided there, where the node's traffic has its address."""
     q = e.query
@@ -439,7 +442,7 @@ def _done(
     reason: str,
     expects: Sequence[Expect],
     *,
-    backends: Iterable[Any],
+    backends: Iterable[Backend],
     allowed_by: Sequence[tuple[str, str]] = (),
     none: str | None = None,
     kernel_note: str | None = None,

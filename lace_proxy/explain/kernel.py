@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import replace
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from lace_proxy.dataplane.nftables.kernel import KernelState
 from lace_proxy.dataplane.nftables.render import Rendered, Renderer, element_key, name_hash
@@ -17,11 +17,14 @@ from lace_proxy.explain.explanation import Expect, Explanation, KernelCheck
 from lace_proxy.explain.query import Query
 from lace_proxy.table import NODE_PORT, Access
 
+if TYPE_CHECKING:
+    from lace_proxy.table import Frontend, Plan
+
 #: Plan attributes `Renderer.render_access` reads (both table twins have them).
 _ACCESS_FIELDS = ("family", "protocol", "port", "node_port", "cluster_ip", "external_ips", "lb_ips")
 
 
-def access_elements(plan: Any, f: Any, network: str | None) -> tuple[str, str, str | None]:
+def access_elements(plan: Plan, f: Frontend, network: str | None) -> tuple[str, str, str | None]:
     """(controlled set, the frontend's element, `network`'s reach set) as the renderer writes
     them: `Renderer.render_access` on the plan, as if `network` were its only source."""
     view = SimpleNamespace(
@@ -44,10 +47,11 @@ def access_elements(plan: Any, f: Any, network: str | None) -> tuple[str, str, s
     return controlled, element, reach
 
 
-def dispatch_expects(plan: Any, f: Any, q: Query) -> list[Expect]:
+def dispatch_expects(plan: Plan, f: Frontend, q: Query) -> list[Expect]:
     """The frontend's dispatch element: in the kernel at all, whatever its verdict."""
     _, element, _ = access_elements(plan, f, None)
     v = f"v{plan.family}"
+    maps: tuple[str, ...]
     if f.kind == NODE_PORT:
         maps = (f"service-nodeports-{v}", f"no-endpoint-nodeports-{v}")
     else:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lace_proxy.explain.explanation import Explanation
 from lace_proxy.explain.query import Query, State
@@ -22,6 +22,9 @@ from lace_proxy.model import (
 from lace_proxy.networks.graph import Condition, NetworkGraph
 from lace_proxy.networks.view import Binding
 from lace_proxy.table import CLUSTER_IP, Access
+
+if TYPE_CHECKING:
+    from lace_proxy.table import Frontend, Plan, ServiceTable
 
 
 def _net(cidr: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
@@ -80,7 +83,8 @@ def grants(
     if src not in graph.networks or dest not in graph.networks:
         return [], []
     s, d = _labels(graph, src), _labels(graph, dest)
-    picks, misses = [], []
+    picks: list[str] = []
+    misses: list[str] = []
     for p in _policies(state.proxier.lace, ServiceRoutingPolicy):
         if p.src_selector.matches(s) and p.dest_selector.matches(d):
             sel = p.service_selector
@@ -176,7 +180,7 @@ def peering_hint(graph: NetworkGraph, network: str) -> str:
     return f"needs a NetworkRoutingPolicy from {graph.host_local} to {network}"
 
 
-def no_backends(table: Any, plan: Any, e: Explanation, f: Any) -> str:
+def no_backends(table: ServiceTable, plan: Plan, e: Explanation, f: Frontend) -> str:
     """Why a frontend has no endpoint to send to."""
     if e.excluded:
         return "every endpoint is excluded by the network model (see excluded)"

@@ -389,6 +389,7 @@ def parse_node(obj: dict[str, Any]) -> Node:
         if parsed is not None:
             addresses.append((kind, parsed[1]))
     spec = as_mapping(s, obj.get("spec"), "spec")
+    pod_cidrs: tuple[str, ...]
     if spec.get("podCIDRs") is None or spec.get("podCIDRs") == []:
         single = opt_str(s, spec.get("podCIDR"), "spec.podCIDR")
         pod_cidrs = () if single is None else (as_cidr(s, single, "spec.podCIDR"),)

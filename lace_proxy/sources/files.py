@@ -92,8 +92,8 @@ class ManifestSource:
         objects: dict[Key, Any] = {}
         origins = dict(result.origins)
         for table in (result.services, result.slices, result.nodes, result.service_cidrs):
-            for key, obj in table.items():
-                objects[(type(obj).__name__, key)] = obj
+            for name, obj in table.items():
+                objects[(type(obj).__name__, name)] = obj
         objects.update(result.lace)
         bad_files: set[str] = set()
         rejected: set[Key] = set()

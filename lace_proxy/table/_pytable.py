@@ -297,6 +297,8 @@ class ServiceTable:
                     candidates, not internal_local or accessible, internal_local or external_local
                 )
                 internal = local if internal_local else cluster
+                internal_verdict: str | None
+                external_verdict: str | None
                 if not has_any:
                     internal_verdict = external_verdict = "reject"
                 else:

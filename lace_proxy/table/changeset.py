@@ -1,19 +1,97 @@
 """What one table build hands to a dataplane: the service ports that changed since the last commit.
 
-Shared by both table twins: it is built once per sync, so it need not be compiled.
+Shared by both table twins: it is built once per sync, so it need not be compiled. `Plan` and
+`Backend` are the contract both twins' classes meet (the pure twin's NamedTuples in
+`_pytable.py`, the compiled core's classes typed by `_ctable.pyi`): what the dataplane, the
+proxier and explain read of them. They are read-only; neither twin's extras (tuple indexing,
+`_replace`) are part of it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 #: Frontend kinds, in the order `Plan.frontends()` yields them.
 CLUSTER_IP = "ClusterIP"
 NODE_PORT = "NodePort"
 EXTERNAL_IP = "ExternalIP"
 LOAD_BALANCER = "LoadBalancer"
+
+
+class Backend(Protocol):
+    """One endpoint a frontend may forward to, with the conditions it was chosen under."""
+
+    @property
+    def ip(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def local(self) -> bool: ...
+    @property
+    def ready(self) -> bool: ...
+    @property
+    def serving(self) -> bool: ...
+    @property
+    def terminating(self) -> bool: ...
+
+
+class Plan(Protocol):
+    """Everything the dataplane needs for one service port in one IP family.
+
+    The fields' meaning is documented on the pure twin's `Plan` (`_pytable.py`).
+    """
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def service(self) -> str: ...
+    @property
+    def port_name(self) -> str: ...
+    @property
+    def protocol(self) -> str: ...
+    @property
+    def family(self) -> int: ...
+    @property
+    def cluster_ip(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def node_port(self) -> int: ...
+    @property
+    def external_ips(self) -> tuple[str, ...]: ...
+    @property
+    def lb_ips(self) -> tuple[str, ...]: ...
+    @property
+    def lb_source_ranges(self) -> tuple[str, ...]: ...
+    @property
+    def affinity_timeout(self) -> int: ...
+    @property
+    def internal_local(self) -> bool: ...
+    @property
+    def external_local(self) -> bool: ...
+    @property
+    def cluster_backends(self) -> tuple[Backend, ...]: ...
+    @property
+    def local_backends(self) -> tuple[Backend, ...]: ...
+    @property
+    def internal_verdict(self) -> str | None: ...
+    @property
+    def external_verdict(self) -> str | None: ...
+    @property
+    def health_check_node_port(self) -> int: ...
+    @property
+    def access(self) -> Access | None: ...
+    @property
+    def scheduler(self) -> str: ...
+    @property
+    def standby_backends(self) -> tuple[Backend, ...]: ...
+    @property
+    def internal_backends(self) -> tuple[Backend, ...]: ...
+    @property
+    def external_backends(self) -> tuple[Backend, ...]: ...
+    def frontends(self) -> Iterator[Frontend]: ...
 
 
 class Frontend(NamedTuple):
@@ -30,7 +108,7 @@ class Frontend(NamedTuple):
     protocol: str
     port: int
     family: int
-    backends: tuple[Any, ...]
+    backends: tuple[Backend, ...]
     verdict: str | None
     masquerade: str
     affinity_timeout: int
@@ -54,9 +132,9 @@ class Changeset:
     Plans are keyed by `Plan.id`; a dataplane programs exactly these and nothing else.
     """
 
-    added: tuple[Any, ...] = ()
-    removed: tuple[Any, ...] = ()
-    updated: tuple[tuple[Any, Any], ...] = ()
+    added: tuple[Plan, ...] = ()
+    removed: tuple[Plan, ...] = ()
+    updated: tuple[tuple[Plan, Plan], ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.added or self.removed or self.updated)
@@ -65,7 +143,7 @@ class Changeset:
         return len(self.added) + len(self.removed) + len(self.updated)
 
 
-def backend_state(backend: Any) -> dict[str, Any]:
+def backend_state(backend: Backend) -> dict[str, Any]:
     """A backend as operators read it (the CLI's JSON): address and conditions."""
     b = backend
     return {
@@ -78,7 +156,7 @@ def backend_state(backend: Any) -> dict[str, Any]:
     }
 
 
-def plan_frontends(plan: Any) -> Iterator[Frontend]:
+def plan_frontends(plan: Plan) -> Iterator[Frontend]:
     """Each frontend of a plan, ClusterIP first; shared by both twins (reads public attributes)."""
     p = plan
     yield Frontend(

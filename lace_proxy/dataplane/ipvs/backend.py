@@ -54,7 +54,7 @@ from lace_proxy.dataplane.netlink import (
 from lace_proxy.dataplane.nft import enter_netns
 from lace_proxy.dataplane.nftables import NftablesBackend
 from lace_proxy.networks.graph import NetworkLayout
-from lace_proxy.table import Changeset
+from lace_proxy.table import Changeset, Plan
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -93,7 +93,7 @@ class IpvsBackend:
 
     def full_sync(
         self,
-        plans: Iterable[Any],
+        plans: Iterable[Plan],
         changes: Changeset | None = None,
         layout: NetworkLayout = NO_NETWORKS,
     ) -> int:
@@ -170,7 +170,7 @@ class IpvsBackend:
             return fn(*args)
         return self._worker.submit(fn, *args).result()
 
-    def _reconcile(self, plans: list[Any]) -> int:
+    def _reconcile(self, plans: list[Plan]) -> int:
         kernel.write_sysctls({**SYSCTLS, **(STRICT_ARP if self.settings.strict_arp else {})})
         s = self.settings
         timeouts = (s.tcp_timeout, s.tcp_fin_timeout, s.udp_timeout)

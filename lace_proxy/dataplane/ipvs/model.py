@@ -8,7 +8,9 @@ import math
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
+
+from lace_proxy.table import Backend, Plan
 
 PROTOCOLS = {"TCP": socket.IPPROTO_TCP, "UDP": socket.IPPROTO_UDP, "SCTP": 132}
 MASQUERADE = 0  # IP_VS_CONN_F_MASQ: NAT forwarding
@@ -78,14 +80,14 @@ class KernelView:
 
 
 def render(
-    plan: Any, node_addresses: Iterable[str], default_scheduler: str
+    plan: Plan, node_addresses: Iterable[str], default_scheduler: str
 ) -> list[tuple[VirtualServer, int, Target]]:
     """A plan's virtual services, each with its rank (0: an address frontend, 1: a NodePort on
     a node address): its ClusterIP, ExternalIPs and LB IPs, and its NodePort on each node
     address of the plan's family."""
     scheduler = getattr(plan, "scheduler", "") or default_scheduler
 
-    def target(backends: Iterable[Any], verdict: str | None) -> Target:
+    def target(backends: Iterable[Backend], verdict: str | None) -> Target:
         servers = frozenset() if verdict else frozenset((b.ip, b.port) for b in backends)
         return Target(scheduler, plan.affinity_timeout, servers)
 
@@ -116,7 +118,7 @@ class Wanted:
         self._wants: dict[VirtualServer, dict[str, tuple[int, Target]]] = {}
         self._of_plan: dict[str, list[VirtualServer]] = {}
 
-    def add(self, plan: Any) -> list[VirtualServer]:
+    def add(self, plan: Plan) -> list[VirtualServer]:
         """Record a plan's virtual services; returns them."""
         rendered = render(plan, self.node_addresses, self.scheduler)
         for vs, rank, target in rendered:
@@ -124,7 +126,7 @@ class Wanted:
         self._of_plan[plan.id] = [vs for vs, _, _ in rendered]
         return self._of_plan[plan.id]
 
-    def remove(self, plan: Any) -> list[VirtualServer]:
+    def remove(self, plan: Plan) -> list[VirtualServer]:
         """Forget a plan (as it was added); returns the virtual services it wanted."""
         services = self._of_plan.pop(plan.id, [])
         for vs in services:
@@ -149,7 +151,7 @@ class Wanted:
         return {vs: t for vs in self._wants if (t := self.target(vs)) is not None}
 
 
-def addresses_of(plan: Any) -> set[str]:
+def addresses_of(plan: Plan) -> set[str]:
     """The addresses a plan needs on the dummy interface (NodePorts use the node's own)."""
     return {plan.cluster_ip, *plan.external_ips, *plan.lb_ips}
 

@@ -27,6 +27,7 @@ from lace_proxy.dataplane.ipvs import (
 
 if TYPE_CHECKING:
     from lace_proxy.config import ProxyConfig
+    from lace_proxy.table import Plan
 
 IPVS_UNAVAILABLE = "IPVS is not available on this kernel (is the ip_vs module loaded?)"
 
@@ -49,7 +50,7 @@ def _vs_order(vs: VirtualServer) -> tuple[str, int, int, int]:
 
 
 def _ipvs_desired(
-    plans: Sequence[Any], node_addresses: Sequence[str], scheduler: str
+    plans: Sequence[Plan], node_addresses: Sequence[str], scheduler: str
 ) -> tuple[dict[VirtualServer, Target], dict[VirtualServer, list[str]], set[str]]:
     """What a full sync would program (IPVS mode's own `Wanted`, on the node addresses the
     backend read from the kernel), each virtual service's service ports for the SERVICE
@@ -295,7 +296,7 @@ def ipvs_text(doc: dict[str, Any]) -> str:
 
 
 def kernel_document(
-    cfg: ProxyConfig, backend: IpvsBackend, plans: Sequence[Any], view: KernelView
+    cfg: ProxyConfig, backend: IpvsBackend, plans: Sequence[Plan], view: KernelView
 ) -> dict[str, Any]:
     """What `kernel` reports: the kernel's view listed, and its diff against the plans."""
     desired, labels, refs = _ipvs_desired(plans, view.node_addresses, backend.settings.scheduler)

@@ -11,7 +11,10 @@ by kernel.adoptable_affinity_ids), so that clients keep their endpoints.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lace_proxy.table import Plan
 
 
 class AffinityIds:
@@ -76,12 +79,12 @@ class AffinityIds:
             self.release(plan_id)
 
 
-def backend_set(plan: Any) -> frozenset[tuple[str, int]]:
+def backend_set(plan: Plan) -> frozenset[tuple[str, int]]:
     """The endpoints a plan's id stands for (those its clients may have remembered)."""
     return frozenset((b.ip, b.port) for b in (*plan.cluster_backends, *plan.local_backends))
 
 
-def needs_id(plan: Any) -> bool:
+def needs_id(plan: Plan) -> bool:
     """Whether the plan's affinity is data (an id in the shared maps): IPv4, and not under
     externalTrafficPolicy Local, which keep kube-proxy's per-endpoint chains instead."""
     return bool(plan.affinity_timeout) and plan.family == 4 and not plan.external_local

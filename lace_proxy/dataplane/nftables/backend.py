@@ -22,10 +22,15 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from lace_proxy.dataplane import rescue
-from lace_proxy.dataplane.base import NO_NETWORKS, Changeset, FullSyncRequired, NetworkLayout
+from lace_proxy.dataplane.base import (
+    NO_NETWORKS,
+    Changeset,
+    FullSyncRequired,
+    NetworkLayout,
+    Plan,
+)
 from lace_proxy.dataplane.conntrack import (
     Conntrack,
     Filter,
@@ -99,7 +104,7 @@ class NftablesBackend:
 
     def full_sync(
         self,
-        plans: Iterable[Any],
+        plans: Iterable[Plan],
         changes: Changeset | None = None,
         layout: NetworkLayout = NO_NETWORKS,
     ) -> int:
@@ -136,7 +141,7 @@ class NftablesBackend:
         return self._verified_sync(plans, changes, layout)
 
     def _verified_sync(
-        self, plans: list[Any], changes: Changeset | None, layout: NetworkLayout
+        self, plans: list[Plan], changes: Changeset | None, layout: NetworkLayout
     ) -> int:
         """full_sync with every element read back (see there)."""
         kernel = KernelState.read(self.nft, self.family, self.table, elements=True)
@@ -170,7 +175,7 @@ class NftablesBackend:
         return len(tx)
 
     def _render_all(
-        self, plans: list[Any], layout: NetworkLayout, kernel: KernelState | None
+        self, plans: list[Plan], layout: NetworkLayout, kernel: KernelState | None
     ) -> tuple[Rendered, Counter[tuple[str, str]], set[str], Rendered]:
         """Every plan's objects merged, with the shared elements and chains and the network
         model's objects: what the table must hold (and its shared-element counts)."""

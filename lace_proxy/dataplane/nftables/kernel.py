@@ -132,8 +132,10 @@ class KernelState:
                 if port.isdigit():
                     frontend = key.rpartition(" . ")[0]
                     endpoints.setdefault(frontend, set()).add((ip, int(port)))
-        out = {}
-        for value, keys in frontends.items():
-            backends = frozenset().union(*(endpoints.get(k, set()) for k in keys))
-            out.update((k, (value, backends)) for k in keys)
+        out: dict[str, tuple[int, frozenset[tuple[str, int]]]] = {}
+        for ident, keys in frontends.items():
+            backends: frozenset[tuple[str, int]] = frozenset().union(
+                *(endpoints.get(k, set()) for k in keys)
+            )
+            out.update((k, (ident, backends)) for k in keys)
         return out

@@ -42,7 +42,6 @@ import ipaddress
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from lace_proxy.dataplane.nftables.affinity import AffinityIds
 from lace_proxy.dataplane.nftables.settings import NftablesSettings
@@ -57,6 +56,7 @@ from lace_proxy.dataplane.nftables.skeleton import (
 )
 from lace_proxy.networks.graph import NetworkLayout
 from lace_proxy.prefixes import covered
+from lace_proxy.table import Backend, Plan
 
 #: Shared chain kinds: lb (DNAT by endpoint count), ext (masquerade, then lb), npc (NodePort
 #: DNAT), np (masquerade, then npc), xl / npl (externalTrafficPolicy Local, by local count);
@@ -126,7 +126,7 @@ class Renderer(Skeleton):
             f: bool(family_cidrs(settings.cluster_cidrs, f)) for f in FAMILIES
         }
 
-    def render(self, plan: Any) -> Rendered:
+    def render(self, plan: Plan) -> Rendered:
         """The plan's objects (its affinity id, if it needs one, assigned already)."""
         out = Rendered()
         fam = plan.family
@@ -167,7 +167,7 @@ class Renderer(Skeleton):
         return out
 
     @staticmethod
-    def render_access(plan: Any, out: Rendered) -> None:
+    def render_access(plan: Plan, out: Rendered) -> None:
         """The Lace network model: every frontend is controlled, reachable from its sources.
 
         Static, so that explain can run it on a stand-in plan to learn the elements it writes.
@@ -183,6 +183,7 @@ class Renderer(Skeleton):
             out.element(f"controlled-{v}", frontend)
         if node_port:
             out.element(f"controlled-nodeports-{v}", node_port)
+        assert plan.access is not None, "render_access needs a plan under the network model"
         for source in plan.access.sources:
             h = name_hash(source)
             for frontend in frontends:
@@ -271,7 +272,7 @@ class Renderer(Skeleton):
             out.element(f"source-networks-v{fam}", f"{span} : goto from-{name_hash(network)}")
         return out
 
-    def _render_data(self, plan: Any, out: Rendered) -> None:
+    def _render_data(self, plan: Plan, out: Rendered) -> None:
         """A service port as map elements pointing at shared chains."""
         v = f"v{plan.family}"
         proto = plan.protocol.lower()
@@ -279,7 +280,7 @@ class Renderer(Skeleton):
         cluster = _ordered(plan.cluster_backends)
         local = _ordered(plan.local_backends)
 
-        def endpoints(container: str, prefix: str, backends: list[Any]) -> None:
+        def endpoints(container: str, prefix: str, backends: list[Backend]) -> None:
             for i, b in enumerate(backends):
                 out.element(container, f"{prefix} . {i} : {b.ip} . {b.port}")
 
@@ -430,7 +431,7 @@ class Renderer(Skeleton):
             for n in range(0 if kind in ("xl", "npl") else 1, PRECREATED_COUNTS + 1)
         ]
 
-    def _render_chained(self, plan: Any, out: Rendered) -> None:
+    def _render_chained(self, plan: Plan, out: Rendered) -> None:
         """A service port with ClientIP affinity: kube-proxy's per-endpoint chains."""
         fam = plan.family
         ip = ip_keyword(fam)
@@ -453,7 +454,7 @@ class Renderer(Skeleton):
                 f"meta l4proto {proto} dnat {ip} to {_dnat_target(b.ip, b.port, fam)}",
             )
 
-        def policy_chain(name: str, backends: tuple[Any, ...]) -> None:
+        def policy_chain(name: str, backends: tuple[Backend, ...]) -> None:
             targets = [ep_chains[(b.ip, b.port)] for b in _ordered(backends)]
             rules = [f"{ip} saddr @aff-{t[3:]} goto {t}" for t in targets]
             # Uniform without an anonymous set: rule i takes 1/(N-i) of what reaches it.
@@ -516,24 +517,22 @@ class Renderer(Skeleton):
             out.element(f"{np_map}-{v}", f"{proto} . {plan.node_port} : {ext_verdict}")
 
     @staticmethod
-    def _verdict(plan: Any, external: bool = False) -> str:
+    def _verdict(plan: Plan, external: bool = False) -> str:
         verdict = plan.external_verdict if external else plan.internal_verdict
         return "goto reject-chain" if verdict in (None, "reject") else "drop"
 
 
-def _ordered(backends: Iterable[Any]) -> list[Any]:
+def _ordered(backends: Iterable[Backend]) -> list[Backend]:
     """Backends in a stable order, so that the same set always renders the same elements."""
     return sorted(backends, key=lambda b: (b.ip, b.port))
 
 
 def _collapsed(cidrs: Iterable[str]) -> list[str]:
-    """CIDRs without overlaps (an interval set refuses them), per family."""
+    """CIDRs without overlaps (an interval set refuses them), per family (IPv4 first)."""
     nets = [ipaddress.ip_network(c, strict=False) for c in cidrs]
-    out: list[str] = []
-    for version in FAMILIES:
-        mine = [n for n in nets if n.version == version]
-        out += [str(n) for n in ipaddress.collapse_addresses(mine)]  # type: ignore[arg-type]
-    return out
+    v4 = ipaddress.collapse_addresses(n for n in nets if isinstance(n, ipaddress.IPv4Network))
+    v6 = ipaddress.collapse_addresses(n for n in nets if isinstance(n, ipaddress.IPv6Network))
+    return [str(n) for n in (*v4, *v6)]
 
 
 def clusterip_ranges(layout: NetworkLayout, settings: NftablesSettings) -> list[str]:
