@@ -69,6 +69,8 @@ def test_stub_matches_the_compiled_module(tmp_path: Path) -> None:
             str(ROOT / "pyproject.toml"),
             "--allowlist",
             str(allowlist),
+            # Which Cython helpers a build adds depends on the Cython that built it.
+            "--ignore-unused-allowlist",
             "lace_proxy.table._ctable",
         ],
         capture_output=True,
