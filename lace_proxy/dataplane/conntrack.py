@@ -9,7 +9,8 @@ only, addresses already validated); those leaving an endpoint are listed first, 
 reply still in flight reaches its client (rescue.py). As kube-proxy's reconciler, an
 endpoint that is still serving keeps its flows whatever the traffic policies, topology or
 terminating state say (a plan's standby backends): a terminating pod keeps a UDP flow, as
-it keeps a TCP connection, until it is removed.
+it keeps a TCP connection, until it is removed. IPVS mode deletes the listed flows' entries
+itself, over netlink (`delete_requests`), around its real servers' deletion (ipvs/backend.py).
 """
 
 from __future__ import annotations
