@@ -1,0 +1,143 @@
+"""The nf_tables element codec (compiled, else its pure twin) and each container's layout.
+
+`LACE_PROXY_NO_EXTENSIONS=1` forces the pure twin, as for the service table. A layout is
+what the codec needs to read an element's text: the key's fields, the data's (none for a
+set, VERDICT for a verdict map), and whether the set holds intervals. It follows the
+declarations in skeleton.py, render.py and rescue.py; a test holds each against the
+kernel's own key and data lengths.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING or os.environ.get("LACE_PROXY_NO_EXTENSIONS"):
+    from lace_proxy.dataplane.nftables._pycodec import (
+        ADDR4,
+        ADDR6,
+        IMPLEMENTATION,
+        MARK,
+        NUMBER,
+        PORT,
+        PROTO,
+        VERDICT,
+        Batch,
+        CodecError,
+        DumpParser,
+        dump_request,
+    )
+else:
+    try:
+        from lace_proxy.dataplane.nftables._ccodec import (
+            ADDR4,
+            ADDR6,
+            IMPLEMENTATION,
+            MARK,
+            NUMBER,
+            PORT,
+            PROTO,
+            VERDICT,
+            Batch,
+            CodecError,
+            DumpParser,
+            dump_request,
+        )
+    except ImportError:  # not built
+        from lace_proxy.dataplane.nftables._pycodec import (
+            ADDR4,
+            ADDR6,
+            IMPLEMENTATION,
+            MARK,
+            NUMBER,
+            PORT,
+            PROTO,
+            VERDICT,
+            Batch,
+            CodecError,
+            DumpParser,
+            dump_request,
+        )
+
+__all__ = [
+    "IMPLEMENTATION",
+    "Batch",
+    "CodecError",
+    "DumpParser",
+    "Layout",
+    "dump_request",
+    "layout",
+]
+
+
+class Layout(NamedTuple):
+    """How a map's or set's elements are encoded."""
+
+    key: tuple[int, ...]
+    data: tuple[int, ...] = ()
+    interval: bool = False
+
+
+def _layouts(family: int) -> dict[str, Layout]:
+    a = ADDR4 if family == 4 else ADDR6
+    frontend = (a, PROTO, PORT)
+    port_key = (PROTO, PORT)
+    target = (a, PORT)
+    flow = (a, PORT, a, PORT)
+    out = {
+        "endpoints": Layout((*frontend, NUMBER), target),
+        "local-endpoints": Layout((*frontend, NUMBER), target),
+        "nodeport-endpoints": Layout((*port_key, NUMBER), target),
+        "nodeport-local-endpoints": Layout((*port_key, NUMBER), target),
+        "cluster-route": Layout(frontend, (VERDICT,)),
+        "affinity-ids": Layout(frontend, (MARK,)),
+        "affinity-nodeport-ids": Layout(port_key, (MARK,)),
+        "affinity-record": Layout((MARK,), (VERDICT,)),
+        "nodeport-cluster-route": Layout(port_key, (VERDICT,)),
+        "service-ips": Layout(frontend, (VERDICT,)),
+        "no-endpoint-services": Layout(frontend, (VERDICT,)),
+        "no-local-endpoint-services": Layout(frontend, (VERDICT,)),
+        "firewall-ips": Layout(frontend),
+        "firewall-allow": Layout((*frontend, a), interval=True),
+        "service-nodeports": Layout(port_key, (VERDICT,)),
+        "no-endpoint-nodeports": Layout(port_key, (VERDICT,)),
+        "cluster-ips": Layout((a,)),
+        "hairpin": Layout((a, a)),
+        "service-ports": Layout(frontend),
+        "ipvs-addresses": Layout((a,)),
+        "controlled": Layout(frontend),
+        "controlled-nodeports": Layout(port_key),
+        "source-networks": Layout((a,), (VERDICT,), interval=True),
+        "rescue-daddr": Layout(flow, (a,)),
+        "rescue-dport": Layout(flow, (PORT,)),
+        "rescue-sport": Layout(flow, (PORT,)),
+        "rescue-saddr": Layout(flow, (a,)),
+    }
+    for name in (
+        "cluster-cidrs",
+        "nodeport-cidrs",
+        "service-cidrs",
+        "clusterip-ranges",
+        "host-unpeered",
+        "local-pod-cidrs",
+    ):
+        out[name] = Layout((a,), interval=True)
+    return out
+
+
+_BY_NAME = {f"{name}-v{fam}": lay for fam in (4, 6) for name, lay in _layouts(fam).items()}
+_REACH = re.compile(r"^reach-(nodeports-)?[a-z2-7]+-v([46])$")
+
+
+def layout(container: str) -> Layout | None:
+    """The layout of one of our maps or sets; None for one the codec does not write (the
+    packet path's own state: affinity-vF, aff-*)."""
+    found = _BY_NAME.get(container)
+    if found is not None:
+        return found
+    match = _REACH.match(container)
+    if match is None:
+        return None
+    a = ADDR4 if match.group(2) == "4" else ADDR6
+    return Layout((PROTO, PORT) if match.group(1) else (a, PROTO, PORT))
