@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from lace_proxy.dataplane.nft import Nft, NftError, TableListing, Transaction
+from lace_proxy.dataplane.nft import ElementSource, Nft, NftError, TableListing, Transaction
 
 #: The names a rule or a verdict refers to.
 _CHAIN_REF = re.compile(r"\b(?:jump|goto) ([A-Za-z0-9_.-]+)")
@@ -63,7 +63,7 @@ class FakeNft(Nft):
         self.tables: dict[tuple[str, str], FakeTable] = {}  # (family, name) -> table
         self.applied: list[Transaction] = []  # every non-empty transaction applied, in order
         self.refused: list[Transaction] = []
-        self.listings = 0  # how often a table was listed with its elements
+        self.listings = 0  # how often a table's elements were read
         self._refusals: list[str] = []
 
     def refuse_next(self, reason: str = "Device or resource busy", count: int = 1) -> None:
@@ -106,8 +106,12 @@ class FakeNft(Nft):
             ]
         }
 
-    def list_table_text(self, family: str, table: str) -> TableListing | None:
+    def table_elements(self, family: str, table: str) -> ElementSource:
         self.listings += 1
+        held = self.tables.get((family, table), FakeTable())
+        return TableListing(_listing(family, table, held))
+
+    def list_table_text(self, family: str, table: str) -> TableListing | None:
         held = self.tables.get((family, table))
         return None if held is None else TableListing(_listing(family, table, held))
 
@@ -306,12 +310,13 @@ def _container_referenced(table: FakeTable, name: str) -> bool:
 
 
 def _objects(family: str, name: str, table: FakeTable) -> Iterator[dict[str, Any]]:
-    """The table as `nft -t -j list` prints it: objects without elements, and chains without
-    their comments (nft 1.0.6 leaves them out of its JSON)."""
+    """The table's objects as Nft.table_objects reads them over netlink (in the shape of
+    nft's JSON): without elements, chains with their comments."""
     where = {"family": family, "table": name}
     yield {"table": {"family": family, "name": name}}
-    for chain_name in table.chains:
-        yield {"chain": {**where, "name": chain_name}}
+    for chain_name, chain in table.chains.items():
+        comment = {} if chain.comment is None else {"comment": chain.comment}
+        yield {"chain": {**where, "name": chain_name, **comment}}
     for container_name, container in table.containers.items():
         yield {container.kind: {**where, "name": container_name}}
     handle = 0

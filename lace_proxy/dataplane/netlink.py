@@ -18,7 +18,11 @@ import os
 import socket
 import struct
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
+from typing import NamedTuple
+
+from lace_proxy.dataplane.nft import enter_netns
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +31,14 @@ NETLINK_GENERIC = 16
 SOL_NETLINK = 270
 #: Errors come back without a copy of the request they answer.
 NETLINK_CAP_ACK = 10
+#: Errors say which attribute of the request was refused (an offset into it).
+NETLINK_EXT_ACK = 11
 NLMSG_ERROR = 2
-SO_RCVBUFFORCE = 33  # asm-generic/socket.h; Python's socket module does not name it
+NLM_F_ACK_TLVS = 0x200
+NLMSGERR_ATTR_MSG = 1
+NLMSGERR_ATTR_OFFS = 2
+SO_SNDBUFFORCE = 32  # asm-generic/socket.h; Python's socket module names neither
+SO_RCVBUFFORCE = 33
 _HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence, port id
 #: Bytes per `send`: well under the default socket send buffer (the kernel refuses a message
 #: larger than the buffer), so no capability is needed to raise it.
@@ -54,6 +64,7 @@ class NetlinkSocket:
     def __init__(self, protocol: int, answers: int = 0) -> None:
         self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, protocol)
         self._sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)
+        self._sock.setsockopt(SOL_NETLINK, NETLINK_EXT_ACK, 1)
         if answers * ANSWER_BYTES > self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF):
             with contextlib.suppress(PermissionError):
                 self._sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, answers * ANSWER_BYTES)
@@ -77,7 +88,11 @@ class NetlinkSocket:
         """The kernel's answers waiting on the socket, read without blocking: the errno of
         each request that failed, 0 for each acknowledged, by sequence number. Answers the
         socket had no room for are lost (logged): only what is here is reported."""
-        out: dict[int, int] = {}
+        return {sequence: answer.errno for sequence, answer in self.replies().items()}
+
+    def replies(self) -> dict[int, Answer]:
+        """`answers`, each with what the kernel said of the refused attribute, if anything."""
+        out: dict[int, Answer] = {}
         while True:
             try:
                 data = self._sock.recv(1 << 16, socket.MSG_DONTWAIT)
@@ -88,9 +103,62 @@ class NetlinkSocket:
                     raise
                 log.info("netlink: some answers were lost (the socket's buffer was full)")
                 continue
-            for kind, sequence, payload in messages(data):
+            offset = 0
+            while offset + _HEADER.size <= len(data):
+                length, kind, flags, sequence, _ = _HEADER.unpack_from(data, offset)
+                if length < _HEADER.size:
+                    break
                 if kind == NLMSG_ERROR:
-                    out[sequence] = -struct.unpack_from("=i", payload)[0]
+                    out[sequence] = _answer(data[offset + _HEADER.size : offset + length], flags)
+                offset += (length + 3) & ~3
+
+    def send(self, data: bytes) -> None:
+        """Send one buffer (a request, or a batch of them)."""
+        _send_all(self, data)
+
+    def receive(self, size: int = 1 << 20) -> bytes:
+        """The next buffer of answers (blocking)."""
+        return self._sock.recv(size)
+
+    def send_buffer(self, size: int) -> None:
+        """Make room for a `send` of `size` bytes (SO_SNDBUFFORCE with CAP_NET_ADMIN, else
+        as far as net.core.wmem_max allows; a send larger than the buffer is refused)."""
+        if size + 4096 <= self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2:
+            return
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, size + 4096)
+        except PermissionError:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size + 4096)
+
+
+class Answer(NamedTuple):
+    """The kernel's answer to one request: 0 (acknowledged) or an errno, and where the
+    request was refused (an offset into it) and why, when the kernel says."""
+
+    errno: int
+    offset: int | None = None
+    message: str | None = None
+
+
+def _answer(payload: bytes, flags: int) -> Answer:
+    code = -struct.unpack_from("=i", payload)[0]
+    if not code or not flags & NLM_F_ACK_TLVS:
+        return Answer(code)
+    # nlmsgerr: the error, the request's header (capped: NETLINK_CAP_ACK), then attributes.
+    offset: int | None = None
+    message: str | None = None
+    at = 4 + _HEADER.size
+    while at + 4 <= len(payload):
+        length, kind = struct.unpack_from("=HH", payload, at)
+        if length < 4:
+            break
+        value = payload[at + 4 : at + length]
+        if kind == NLMSGERR_ATTR_OFFS and len(value) >= 4:
+            offset = struct.unpack_from("=I", value)[0]
+        elif kind == NLMSGERR_ATTR_MSG:
+            message = value.rstrip(b"\0").decode(errors="replace")
+        at += (length + 3) & ~3
+    return Answer(code, offset, message)
 
 
 def messages(data: bytes) -> Iterator[tuple[int, int, bytes]]:
@@ -129,7 +197,20 @@ def send_together(parts: Sequence[tuple[NetlinkSocket, bytes]]) -> None:
     """Send each buffer on its socket, in order, with no other Python thread running from
     the first to the last: the time between them is the kernel's and this loop's only."""
     for sock, data in parts:
-        sent = _send(sock.fileno(), data, len(data), 0)
-        if sent != len(data):
-            code = ctypes.get_errno() if sent < 0 else errno.EMSGSIZE
-            raise OSError(code, f"netlink send: {os.strerror(code)}")
+        _send_all(sock, data)
+
+
+def _send_all(sock: NetlinkSocket, data: bytes) -> None:
+    sent = _send(sock.fileno(), data, len(data), 0)
+    if sent != len(data):
+        code = ctypes.get_errno() if sent < 0 else errno.EMSGSIZE
+        raise OSError(code, f"netlink send: {os.strerror(code)}")
+
+
+def socket_in(netns: str | None, protocol: int, answers: int = 0) -> NetlinkSocket:
+    """A netlink socket of the named network namespace (the caller's if None): made by a
+    short-lived thread that enters it, since a socket stays in the namespace it was made in."""
+    if netns is None:
+        return NetlinkSocket(protocol, answers)
+    with ThreadPoolExecutor(1, initializer=enter_netns, initargs=(netns,)) as pool:
+        return pool.submit(NetlinkSocket, protocol, answers).result()

@@ -1,9 +1,13 @@
-"""Running nftables: a transaction is data (a list of commands) applied atomically by `nft -f -`.
+"""Running nftables: a transaction is data (a list of commands) applied atomically.
 
-The `nft` binary is the stable interface to the kernel's nf_tables (as knftables uses it):
-one `nft -f -` call is one netlink batch, so a transaction either applies whole or not at
-all. Nothing here builds a shell command: argv lists only, and the transaction text is
-made from validated addresses, numbers and hashed names.
+A transaction of set elements only (endpoint changes, periodic syncs, adoption: the bulk of
+what the proxy sends) is encoded in-process and sent as one nfnetlink batch
+(nftables/netlink.py); the table's structure is read back over netlink too. The rest (the
+table's skeleton, chains and rules: rare) goes to the `nft` binary, the stable interface
+to the kernel's nf_tables (as knftables uses it): one `nft -f -` call is one netlink
+batch. Either way a transaction applies whole or not at all. Nothing here builds a shell
+command: argv lists only, and the transaction text is made from validated addresses,
+numbers and hashed names.
 """
 
 from __future__ import annotations
@@ -13,7 +17,10 @@ import re
 import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from lace_proxy.dataplane.nftables.netlink import ElementChannel
 
 NETNS_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -43,34 +50,52 @@ class NftError(RuntimeError):
         self.stderr = stderr
 
 
+@dataclass(frozen=True)
+class Elements:
+    """Elements added to one map or set, or (their keys) deleted from it: a command kept as
+    data, so that a transaction of elements only goes to the kernel without nft
+    (nftables/netlink.py encodes it)."""
+
+    verb: str  # "add" | "delete"
+    family: str
+    table: str
+    container: str
+    elements: tuple[str, ...]
+
+    def __str__(self) -> str:
+        body = ", ".join(self.elements)
+        return f"{self.verb} element {self.family} {self.table} {self.container} {{ {body} }}"
+
+
 @dataclass
 class Transaction:
     """An ordered list of nft commands, applied as one atomic batch."""
 
-    commands: list[str] = field(default_factory=list)
+    commands: list[str | Elements] = field(default_factory=list)
 
-    def add(self, command: str) -> None:
+    def add(self, command: str | Elements) -> None:
         self.commands.append(command)
 
-    def extend(self, commands: Iterable[str]) -> None:
+    def extend(self, commands: Iterable[str | Elements]) -> None:
         self.commands.extend(commands)
 
     def __len__(self) -> int:
         return len(self.commands)
 
+    def lines(self) -> list[str]:
+        """Each command as nft reads it."""
+        return [str(c) for c in self.commands]
+
     def text(self) -> str:
-        return "\n".join(self.commands) + "\n"
+        return "\n".join(self.lines()) + "\n"
+
+    def elements_only(self) -> bool:
+        """Whether every command adds or deletes elements (nothing for nft to parse)."""
+        return all(isinstance(c, Elements) for c in self.commands)
 
 
 #: What nft prints of a dynamic element's timer ("… timeout 3h expires 2h59m : …").
 _TIMERS = re.compile(r" (?:timeout|expires) [0-9dhms]+")
-
-
-def _in_table(item: dict[str, Any], family: str, table: str) -> bool:
-    obj = next(iter(item.values()))
-    if not isinstance(obj, dict) or obj.get("family") != family:
-        return False
-    return obj.get("table", obj.get("name") if "table" in item else None) == table
 
 
 def _json(out: str, what: str) -> dict[str, Any]:
@@ -105,12 +130,45 @@ class TableListing:
         return [_TIMERS.sub("", e.strip()) for e in body.split(",") if e.strip()]
 
 
+class ElementSource(Protocol):
+    """A table's elements, read one map or set at a time."""
+
+    def elements(self, name: str) -> list[str]:
+        """The elements of map or set `name` in the renderer's text; none if it has none."""
+        ...
+
+
+class _TableElements:
+    def __init__(self, nft: Nft, family: str, table: str) -> None:
+        self._nft, self._family, self._table = nft, family, table
+        self._listing: TableListing | None = None
+
+    def elements(self, name: str) -> list[str]:
+        found = self._nft.set_elements(self._family, self._table, name)
+        if found is not None:
+            return found
+        if self._listing is None:
+            self._listing = self._nft.list_table_text(self._family, self._table)
+        return [] if self._listing is None else self._listing.elements(name)
+
+
 class Nft:
     """Runs nft, in the current network namespace or in a named one (for tests and sandboxes)."""
 
     def __init__(self, netns: str | None = None, binary: str = "nft") -> None:
         self._prefix = netns_prefix(netns)
         self._binary = binary
+        self.netns = netns
+        self._netlink: ElementChannel | None = None
+
+    def _elements(self) -> ElementChannel:
+        """The netlink channel elements go by, made on first use. (Imported here: the
+        nftables package, which holds it, is built on this module.)"""
+        if self._netlink is None:
+            from lace_proxy.dataplane.nftables.netlink import ElementChannel
+
+            self._netlink = ElementChannel(self.netns)
+        return self._netlink
 
     def _run(self, args: list[str], stdin: str | None = None) -> str:
         proc = subprocess.run(
@@ -125,40 +183,36 @@ class Nft:
         return proc.stdout
 
     def apply(self, tx: Transaction) -> None:
-        """Apply the whole transaction atomically, or raise NftError and change nothing."""
-        if tx.commands:
-            self._run(["-f", "-"], tx.text())
+        """Apply the whole transaction atomically, or raise NftError and change nothing.
+
+        A transaction of elements only (what an endpoint change, a periodic sync or an
+        adoption sends) is encoded in-process and sent as one nfnetlink batch; anything
+        else (chains, rules, sets: rare) is nft's to parse.
+        """
+        if not tx.commands:
+            return
+        if tx.elements_only():
+            elements = [c for c in tx.commands if isinstance(c, Elements)]
+            if self._elements().writes(elements):
+                self._elements().apply(elements)
+                return
+        self._run(["-f", "-"], tx.text())
+
+    def set_elements(self, family: str, table: str, container: str) -> list[str] | None:
+        """The elements of one of our maps or sets in the renderer's text, read over netlink
+        (None if the kernel has no such map or set, or the codec does not read it)."""
+        return self._elements().read(family, table, container)
 
     def table_objects(self, family: str, table: str) -> dict[str, Any] | None:
-        """The table's chains, rules, maps and sets (no elements) as nft's JSON objects, or
-        None if it is absent.
+        """The table's chains, rules, maps and sets (no elements) in the shape of nft's JSON
+        objects, or None if it is absent: read over netlink, dumps of this table alone."""
+        return self._elements().table_objects(family, table)
 
-        Read from the terse ruleset: nft lists a whole ruleset without elements in
-        milliseconds, but `list table -t` fetches every element first (seconds at 30k
-        services). nft 1.0.6 prints broken JSON for a table of another program's with
-        `flags owner`; then only our table is listed.
-        """
-        try:
-            raw = self.ruleset()
-        except NftError:
-            return self._list_table_terse(family, table)
-        items = [
-            item
-            for item in raw.get("nftables", [])
-            if _in_table(item, family, table) or "metainfo" in item
-        ]
-        if not any("table" in item for item in items):
-            return None
-        return {"nftables": items}
-
-    def _list_table_terse(self, family: str, table: str) -> dict[str, Any] | None:
-        try:
-            out = self._run(["-t", "-j", "list", "table", family, table])
-        except NftError as exc:
-            if "No such file or directory" in exc.stderr:
-                return None
-            raise
-        return _json(out, f"list table {family} {table}")
+    def table_elements(self, family: str, table: str) -> ElementSource:
+        """Where the table's elements are read from, one map or set at a time: over
+        netlink; by nft's listing (made once, when first needed) only for the packet path's
+        own state, which the codec does not read (the CLI shows it)."""
+        return _TableElements(self, family, table)
 
     def list_table_text(self, family: str, table: str) -> TableListing | None:
         """The table as nft prints it, elements included (one nft run; text is lighter to

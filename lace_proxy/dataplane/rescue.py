@@ -29,7 +29,7 @@ import logging
 from collections.abc import Iterable
 
 from lace_proxy.dataplane.conntrack import UdpFlow
-from lace_proxy.dataplane.nft import Transaction
+from lace_proxy.dataplane.nft import Elements, Transaction
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +106,6 @@ def transaction(table: str, flows: Iterable[UdpFlow], limit: int = LIMIT) -> Tra
     tx = Transaction()
     for container, pairs in elements.items():
         if pairs:
-            body = ", ".join(f"{k} : {pairs[k]}" for k in sorted(pairs))
-            tx.add(f"add element inet {table} {container} {{ {body} }}")
+            body = tuple(f"{k} : {pairs[k]}" for k in sorted(pairs))
+            tx.add(Elements("add", "inet", table, container, body))
     return tx

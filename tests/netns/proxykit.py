@@ -14,7 +14,7 @@ import yaml
 
 from lace_proxy.dataplane.conntrack import Conntrack
 from lace_proxy.dataplane.ipvs import IpvsBackend, IpvsSettings
-from lace_proxy.dataplane.nft import Nft, TableListing, Transaction
+from lace_proxy.dataplane.nft import ElementSource, Nft, Transaction
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
 from lace_proxy.dataplane.routes import PolicyRoutes, RoutingSettings
 from lace_proxy.demo.testbed import (
@@ -206,11 +206,11 @@ class RecordingNft(Nft):
     def __init__(self, netns: str) -> None:
         super().__init__(netns)
         self.applied: list[Transaction] = []
-        self.listings = 0  # how often the table was listed with its elements
+        self.listings = 0  # how often the table's elements were read
 
-    def list_table_text(self, family: str, table: str) -> TableListing | None:
+    def table_elements(self, family: str, table: str) -> ElementSource:
         self.listings += 1
-        return super().list_table_text(family, table)
+        return super().table_elements(family, table)
 
     def apply(self, tx: Transaction) -> None:
         super().apply(tx)

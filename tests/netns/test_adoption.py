@@ -127,7 +127,7 @@ def test_a_restart_with_nothing_changed_sends_nothing(tb: Testbed, tmp_path: Pat
     before = kernel(first.nft)
     second, recorder = proxy(tb, tmp_path / "m")
     second.sync()
-    assert recorder.applied == [], recorder.applied[0].commands[:20]
+    assert recorder.applied == [], recorder.applied[0].lines()[:20]
     assert kernel(second.nft) == before
     # And the periodic full sync after it is a no-op too.
     second.sync(full=True)
@@ -156,9 +156,9 @@ def test_a_restart_after_changes_programs_only_the_difference(tb: Testbed, tmp_p
     text = tx.text()
     assert "flush map" not in text and "delete map" not in text, text
     # The one set deleted is the removed IPv6 endpoint's affinity set.
-    deleted_sets = [c for c in tx.commands if c.startswith("delete set")]
+    deleted_sets = [c for c in tx.lines() if c.startswith("delete set")]
     assert len(deleted_sets) == 1 and " aff-" in deleted_sets[0], text
-    flushed = [c for c in tx.commands if c.startswith("flush chain")]
+    flushed = [c for c in tx.lines() if c.startswith("flush chain")]
     # Only the IPv6 affinity service's own chains, whose endpoints changed.
     assert flushed and all(c.split()[-1].startswith(("svc-", "ep-")) for c in flushed), flushed
     assert len(tx) < 20, text
@@ -193,17 +193,17 @@ def test_drift_is_repaired_element_by_element(tb: Testbed, tmp_path: Path) -> No
     tb.exec(tb.node, [*t, "add", "chain", "inet", "lace-proxy", "intruder"])
     harness.sync(full=True)
     (tx,) = recorder.applied
-    assert sorted(tx.commands) == sorted(
+    assert sorted(tx.lines()) == sorted(
         [
             f"add element inet lace-proxy endpoints-v4 {{ {VIP4} . tcp . 80 . 1 : "
             f"{tb.pods[1].ipv4} . 8080 }}",
             "flush chain inet lace-proxy ext-v4-2",
-            *(c for c in tx.commands if c.startswith("add rule inet lace-proxy ext-v4-2 ")),
+            *(c for c in tx.lines() if c.startswith("add rule inet lace-proxy ext-v4-2 ")),
             "flush chain inet lace-proxy intruder",
             "delete chain inet lace-proxy intruder",
         ]
-    ), tx.commands
-    assert len([c for c in tx.commands if c.startswith("add rule")]) == 2
+    ), tx.lines()
+    assert len([c for c in tx.lines() if c.startswith("add rule")]) == 2
     assert set(names([request_tcp(tb.client, VIP4, 80) for _ in range(30)])) == {
         "pod1",
         "pod2",
@@ -229,8 +229,8 @@ def test_a_plain_full_sync_reads_no_element_but_notices_a_changed_structure(
     harness.sync(full=True)
     assert recorder.listings == 1
     (tx,) = recorder.applied
-    assert any(c.startswith("add element inet lace-proxy endpoints-v4") for c in tx.commands)
-    assert "flush chain inet lace-proxy ext-v4-2" in tx.commands
+    assert any(c.startswith("add element inet lace-proxy endpoints-v4") for c in tx.lines())
+    assert "flush chain inet lace-proxy ext-v4-2" in tx.lines()
 
 
 def test_clients_keep_their_affinity_across_a_restart(tb: Testbed, tmp_path: Path) -> None:
@@ -284,7 +284,7 @@ def test_another_skeleton_is_rewritten_in_one_batch(tb: Testbed, tmp_path: Path)
     second, recorder = proxy(tb, tmp_path / "m")
     second.sync()
     (tx,) = recorder.applied
-    assert any(c.startswith("flush chain inet lace-proxy services") for c in tx.commands)
+    assert any(c.startswith("flush chain inet lace-proxy services") for c in tx.lines())
     assert marker in kernel(second.nft).chains
     assert set(names([request_tcp(tb.client, VIP4, 80) for _ in range(30)])) == {
         "pod1",

@@ -331,4 +331,4 @@ def test_random_worlds_never_crash_or_reach_the_kernel_invalid(
 
 
 def _head(applied: list[Transaction]) -> list[str]:
-    return [c for tx in applied for c in tx.commands][:10]
+    return [c for tx in applied for c in tx.lines()][:10]

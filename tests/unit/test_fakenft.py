@@ -107,7 +107,7 @@ def test_it_reads_back_as_nft_lists() -> None:
     assert state is not None
     state.load(state.containers)
     assert state.rules == {"base": [None], "helper": ["r:1"]}
-    assert state.comments == {}  # nft (1.0.6) prints no chain comment in JSON
+    assert state.comments == {"helper": "kept"}  # read over netlink, comments included
     assert fake.tables[("inet", "t")].chains["helper"].comment == "kept"
     assert state.containers == {"cidrs": "set"}
     assert state.elements == {"cidrs": {"10.0.0.0/8"}}

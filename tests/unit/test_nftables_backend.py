@@ -62,7 +62,7 @@ class Node:
         else:
             self.backend.apply(changes)
             self.table.commit()
-        return [c for tx in self.nft.applied[sent:] for c in tx.commands]
+        return [c for tx in self.nft.applied[sent:] for c in tx.lines()]
 
     def restarted(self, nft: FakeNft | None = None) -> Node:
         """A new process: the same objects, a backend that remembers nothing, on this node's

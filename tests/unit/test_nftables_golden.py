@@ -152,8 +152,9 @@ def first_sync(twin: ModuleType, objects: list[Service | EndpointSlice]) -> list
     table.commit()
     nft = FakeNft()
     NftablesBackend(SETTINGS, nft).full_sync(list(table.plans()))
-    (tx,) = nft.applied
-    return tx.text().splitlines()
+    # An empty kernel: the skeleton and chains in one batch, the elements in the next.
+    structure, elements = nft.applied
+    return structure.lines() + elements.lines()
 
 
 def encode(lines: list[str], base: list[str]) -> list[str]:

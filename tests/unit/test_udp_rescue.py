@@ -42,7 +42,7 @@ def test_a_masqueraded_flow_is_translated_back_in_four_steps() -> None:
     [flow] = parse_flows(LISTING.splitlines()[2])
     tx = rescue.transaction("lace-proxy", [flow, flow])  # listed twice: one element each
     prefix = "add element inet lace-proxy rescue-"
-    assert tx.commands == [
+    assert tx.lines() == [
         prefix + "daddr-v4 { 10.244.0.2 . 5300 . 10.250.0.1 . 61000 : 10.0.0.7 }",
         prefix + "dport-v4 { 10.244.0.2 . 5300 . 10.0.0.7 . 61000 : 40003 }",
         prefix + "sport-v4 { 10.244.0.2 . 5300 . 10.0.0.7 . 40003 : 53 }",
@@ -57,5 +57,5 @@ def test_no_flows_no_batch_and_a_bounded_one() -> None:
         for port in range(40000, 40010)
     ]
     tx = rescue.transaction("t", flows, limit=4)
-    assert [c.count(" : ") for c in tx.commands] == [4, 4, 4, 4]
-    assert all("-v6 {" in c for c in tx.commands)
+    assert [c.count(" : ") for c in tx.lines()] == [4, 4, 4, 4]
+    assert all("-v6 {" in c for c in tx.lines())

@@ -39,7 +39,7 @@ from lace_proxy.dataplane.conntrack import (
     stale_udp_filters,
     stale_udp_filters_by_elements,
 )
-from lace_proxy.dataplane.nft import Nft, NftError, Transaction
+from lace_proxy.dataplane.nft import Elements, Nft, NftError, Transaction
 from lace_proxy.dataplane.nftables.affinity import backend_set, needs_id
 from lace_proxy.dataplane.nftables.kernel import KernelState, canonical, rule_hash
 from lace_proxy.dataplane.nftables.render import (
@@ -160,7 +160,13 @@ class NftablesBackend:
             tx = self._reconcile(merged, kernel, diff)
         if tx is None:
             tx = self._rewrite(merged, networks, kernel)
-        self._apply(tx)
+        if kernel is None:
+            # An empty kernel (a node's first start) has no traffic to keep: the skeleton
+            # and chains go to nft, then the elements (the bulk) in a batch of their own.
+            self._apply(Transaction([c for c in tx.commands if not isinstance(c, Elements)]))
+            self._apply(Transaction([c for c in tx.commands if isinstance(c, Elements)]))
+        else:
+            self._apply(tx)
         self._refs = refs
         self._shared_chains = shared
         self._networks, self._programmed_layout = networks, layout
@@ -284,10 +290,9 @@ class NftablesBackend:
             self._add_rules(tx, name, merged.chains[name])
         for container, (gone, new) in sorted(diff.items()):
             if gone:
-                keys = ", ".join(sorted({element_key(e) for e in gone}))
-                tx.add(f"delete element inet {t} {container} {{ {keys} }}")
+                tx.add(self._elements("delete", container, {element_key(e) for e in gone}))
             if new:
-                tx.add(f"add element inet {t} {container} {{ {', '.join(sorted(new))} }}")
+                tx.add(self._elements("add", container, new))
         keep = merged.chains.keys() | counts.keys() | {skeleton}
         gone_chains = sorted(kernel.rules.keys() - keep, key=_chain_order, reverse=True)
         tx.extend(f"flush chain inet {t} {name}" for name in gone_chains)
@@ -386,21 +391,26 @@ class NftablesBackend:
         for container in sorted(old.elements.keys() | new.elements.keys()):
             before = old.elements.get(container, set())
             after = new.elements.get(container, set())
-            delete = sorted({element_key(e) for e in before - after})
+            delete = {element_key(e) for e in before - after}
             if delete:
-                tx.add(f"delete element inet {t} {container} {{ {', '.join(delete)} }}")
-            add = sorted(after - before)
+                tx.add(self._elements("delete", container, delete))
+            add = after - before
             if add:
-                tx.add(f"add element inet {t} {container} {{ {', '.join(add)} }}")
+                tx.add(self._elements("add", container, add))
         # 4. Shared elements appear with their first holder and go with their last.
-        for shared, change in sorted(delta.items()):
+        appear: dict[str, set[str]] = {}
+        go: dict[str, set[str]] = {}
+        for shared, change in delta.items():
             container, element = shared
             was = self._refs[shared] > 0
             now = self._refs[shared] + change > 0
-            if was and not now:
-                tx.add(f"delete element inet {t} {container} {{ {element} }}")
-            elif now and not was:
-                tx.add(f"add element inet {t} {container} {{ {element} }}")
+            if was != now:
+                (appear if now else go).setdefault(container, set()).add(element)
+        for container in sorted(appear.keys() | go.keys()):
+            if container in go:
+                tx.add(self._elements("delete", container, go[container]))
+            if container in appear:
+                tx.add(self._elements("add", container, appear[container]))
         # 5. Chains and sets nothing refers to any more (shared chains stay: they are few).
         gone = sorted(old.chains.keys() - new.chains.keys(), key=_chain_order, reverse=True)
         tx.extend(f"flush chain inet {t} {name}" for name in gone)
@@ -494,7 +504,11 @@ class NftablesBackend:
             self._add_rules(tx, name, r.chains[name])
         for container, values in sorted(r.elements.items()):
             if values:
-                tx.add(f"add element inet {t} {container} {{ {', '.join(sorted(values))} }}")
+                tx.add(self._elements("add", container, values))
+
+    def _elements(self, verb: str, container: str, elements: Iterable[str]) -> Elements:
+        """Elements added to (or keys deleted from) one map or set, in a stable order."""
+        return Elements(verb, self.family, self.settings.table, container, tuple(sorted(elements)))
 
 
 def _chain_order(name: str) -> tuple[int, str]:

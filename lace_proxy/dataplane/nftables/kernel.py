@@ -1,12 +1,14 @@
 """Our nftables table as the kernel holds it, read back for a full sync, adoption and the CLI.
 
 The structure (chains, their rules' hash comments, maps and sets) is read in milliseconds
-from nft's terse JSON; elements are parsed from one text listing, one map or set at a time
-and only when asked for, since at 30k services the maps hold about a million of them. nft
-prints elements its own way (a /32 in an interval set as an address, a range that is a
-prefix as the prefix, a mark in decimal): `canonical` gives an element's meaning whichever
-way it is spelled, and each rule carries a hash of the text it was added with
-(`rule_hash`), so that a chain's rules are compared without parsing nft's rendering of them.
+from nft's terse JSON; elements are read over netlink (GETSETELEM dumps, parsed by the
+codec into the renderer's text), one map or set at a time and only when asked for, since
+at 30k services the maps hold about a million of them. Some elements come back spelled
+otherwise than rendered (an interval as a prefix or a range, and from nft's listing, which
+the CLI reads for the packet path's own state, a mark in decimal): `canonical` gives an
+element's meaning whichever way it is spelled, and each rule carries a hash of the text it
+was added with (`rule_hash`), so that a chain's rules are compared without parsing nft's
+rendering of them.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from lace_proxy.dataplane.nft import Nft, TableListing
+from lace_proxy.dataplane.nft import ElementSource, Nft
 from lace_proxy.dataplane.nftables.skeleton import FAMILIES
 
 #: What adopting a previous process's affinity ids reads: the ids, then the endpoints.
@@ -66,19 +68,19 @@ class KernelState:
     elements: dict[str, set[str]]
     rules: dict[str, list[str | None]] = field(default_factory=dict)
     containers: dict[str, str] = field(default_factory=dict)  # name -> "map" | "set"
-    # Where `elements` are parsed from, when read.
-    listing: TableListing | None = field(default=None, compare=False, repr=False)
+    # Where `elements` are read from, when asked for.
+    listing: ElementSource | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def read(cls, nft: Nft, family: str, table: str, *, elements: bool) -> KernelState | None:
-        """The table as the kernel holds it (None if absent); with `elements`, the listing
-        its maps' and sets' elements are parsed from (`load`)."""
+        """The table as the kernel holds it (None if absent); with `elements`, where its
+        maps' and sets' elements are read from (`load`)."""
         raw = nft.table_objects(family, table)
         if raw is None:
             return None
         state = cls.from_json(raw)
         if elements:
-            state.listing = nft.list_table_text(family, table)
+            state.listing = nft.table_elements(family, table)
         return state
 
     @classmethod
@@ -98,12 +100,12 @@ class KernelState:
             elif "map" in item or "set" in item:
                 kind = "map" if "map" in item else "set"
                 obj = item[kind]
-                containers[obj["name"]] = kind  # elements: parsed one by one (read, load)
+                containers[obj["name"]] = kind  # elements: read one by one (read, load)
         chains = {name: len(r) for name, r in rules.items()}
         return cls(chains, comments, elements, rules, containers)
 
     def load(self, containers: Iterable[str]) -> None:
-        """Parse these containers' elements (those the kernel has) from the listing."""
+        """Read these containers' elements (those the kernel has)."""
         for name in containers:
             if name in self.containers and self.listing is not None:
                 self.elements[name] = set(self.listing.elements(name))
