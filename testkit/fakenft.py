@@ -315,8 +315,8 @@ def _objects(family: str, name: str, table: FakeTable) -> Iterator[dict[str, Any
     where = {"family": family, "table": name}
     yield {"table": {"family": family, "name": name}}
     for chain_name, chain in table.chains.items():
-        comment = {} if chain.comment is None else {"comment": chain.comment}
-        yield {"chain": {**where, "name": chain_name, **comment}}
+        noted = {} if chain.comment is None else {"comment": chain.comment}
+        yield {"chain": {**where, "name": chain_name, **noted}}
     for container_name, container in table.containers.items():
         yield {container.kind: {**where, "name": container_name}}
     handle = 0
