@@ -107,15 +107,17 @@ def test_an_endpoint_change_sends_only_its_elements() -> None:
         f"add element {T} endpoints-v4 {{ {VIP} . tcp . 80 . 2 : 10.244.3.10 . 8080 }}",
         f"delete element {T} service-ips-v4 {{ {VIP} . tcp . 80 }}",
         f"add element {T} service-ips-v4 {{ {VIP} . tcp . 80 : goto lb-v4-3 }}",
-        f"add element {T} hairpin-v4 {{ 10.244.3.10 . 10.244.3.10 }}",
-    ]
+    ]  # no hairpin pair: the new endpoint runs on another node
+    node.put(*web("10.244.3.10", "10.244.2.10", "10.244.1.10"))  # now this node's is .3
+    node.sync()
     node.put(*web("10.244.1.10", "10.244.3.10"))
     assert node.sync() == [
         f"delete element {T} endpoints-v4 {{ {VIP} . tcp . 80 . 1, {VIP} . tcp . 80 . 2 }}",
         f"add element {T} endpoints-v4 {{ {VIP} . tcp . 80 . 1 : 10.244.3.10 . 8080 }}",
         f"delete element {T} service-ips-v4 {{ {VIP} . tcp . 80 }}",
         f"add element {T} service-ips-v4 {{ {VIP} . tcp . 80 : goto lb-v4-2 }}",
-        f"delete element {T} hairpin-v4 {{ 10.244.2.10 . 10.244.2.10 }}",
+        f"delete element {T} hairpin-v4 {{ 10.244.3.10 . 10.244.3.10 }}",
+        f"add element {T} hairpin-v4 {{ 10.244.1.10 . 10.244.1.10 }}",
     ]
     assert node.kernel() == fresh_kernel(node)
 

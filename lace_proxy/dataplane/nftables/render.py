@@ -14,7 +14,8 @@ and anonymous sets bound in rules cost quadratically when many are loaded at onc
   endpoints, others the M local ones in `local-endpoints-v4` / `nodeport-local-endpoints-v4`).
   These chains are shared by every service with the same counts.
 - Hairpin traffic (a pod reaching itself through a service) is masqueraded in postrouting
-  by the set `hairpin-v4` of `endpoint . endpoint` pairs.
+  by the set `hairpin-v4` of `endpoint . endpoint` pairs: this node's endpoints only (as
+  kube-proxy's IPVS mode and kube-router), since only those can send to themselves here.
 - loadBalancerSourceRanges are the sets `firewall-ips-v4` and `firewall-allow-v4`.
 - Services with ClientIP affinity keep kube-proxy's per-service layout (`svc-*`, `local-*`,
   `ext-*` chains, an `ep-*` chain and an affinity set per endpoint) under
@@ -133,7 +134,8 @@ class Renderer(Skeleton):
         v = f"v{fam}"
         out.shared.add((f"cluster-ips-{v}", plan.cluster_ip))
         for b in (*plan.cluster_backends, *plan.local_backends):
-            out.shared.add((f"hairpin-{v}", f"{b.ip} . {b.ip}"))
+            if b.local:  # only a pod of this node can reach itself through this node
+                out.shared.add((f"hairpin-{v}", f"{b.ip} . {b.ip}"))
         if plan.affinity_timeout and (plan.external_local or fam == 6) and self.s.translate:
             # Per-endpoint state, as kube-proxy: affinity under externalTrafficPolicy Local
             # (rare), and IPv6 affinity (nft 1.0.6 cannot record an IPv6 address . port).
