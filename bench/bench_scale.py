@@ -6,8 +6,12 @@ For each size a synthetic cluster is generated (mostly ClusterIP services, some 
 a few LoadBalancer; endpoints spread over 100 nodes, this node one of them). Model objects
 are built before any clock starts. Each (size, twin, GC mode) runs in its own subprocess, so
 peak RSS (ru_maxrss) belongs to that size and twin alone; the compiled worker also programs
-nftables, and runs inside a fresh network namespace (`ip netns exec`) so that `nft` is
-called exactly as the proxy calls it on a node, without per-call namespace switching.
+nftables, and runs inside a fresh network namespace (`ip netns exec`) so that nft and the
+netlink sockets are used exactly as the proxy uses them on a node. The nftables figures are
+issue 17's: a cold start, endpoint changes, a periodic full sync and a restarted process's
+adoption, each with the kernel's share (sys time) beside it; the JSON summary under
+"30000/default" carries them (cold_start_s, change_s, change_p99_s, adopt_s, resync_s,
+rss_mib, elements).
 
 GC modes: "default" is Python's stock collector settings. "freeze" is what we propose the
 proxy does: `gc.freeze()` once the initial LIST of services and slices is parsed (before
@@ -37,7 +41,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from lace_proxy.dataplane.nft import Nft, Transaction
+from lace_proxy.dataplane.nft import Elements, Nft, Transaction
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
 from lace_proxy.model.endpointslice import SERVICE_NAME_LABEL, Endpoint, EndpointPort, EndpointSlice
 from lace_proxy.model.service import Service, ServicePort
@@ -73,12 +77,13 @@ TARGETS = (
     Target("one-slice update (compiled)", "update_s", 100e-6, "s"),
     Target("compiled/pure, full build", "ratio_full", 10.0, "x", lower=False),
     Target("compiled/pure, one-slice update", "ratio_update", 10.0, "x", lower=False, info=True),
-    Target("nftables cold programming", "nft_cold_s", 10.0, "s"),
-    Target("one change to the kernel", "nft_change_s", 50e-3, "s"),
-    # Issue 8's: a cold start (table build + programming), a change at p99, peak RSS.
-    Target("cold start to programmed", "cold_start_s", 5.0, "s"),
-    Target("one change to the kernel, p99", "nft_change_p99_s", 20e-3, "s"),
-    Target("peak RSS (table + nftables)", "rss_nft_mib", 300.0, "MiB"),
+    # Issue 17's: the compiled core reaches the kernel in-process.
+    Target("cold start (build + programming)", "cold_start_s", 4.0, "s"),
+    Target("one change to the kernel", "change_s", 3e-3, "s"),
+    Target("one change to the kernel, p99", "change_p99_s", 8e-3, "s"),
+    Target("restart adoption", "adopt_s", 2.0, "s"),
+    Target("periodic full sync", "resync_s", 0.3, "s"),
+    Target("peak RSS (proxy + its children)", "rss_mib", 300.0, "MiB"),
 )
 
 
@@ -270,110 +275,76 @@ def _slice_updates(table: Any, cluster: Cluster, runs: int) -> dict[str, float]:
 
 
 @dataclass
-class NftCall:
-    """One `nft -f` run: wall time and the child's CPU split into user space and kernel."""
+class KernelCall:
+    """One transaction to the kernel: by nft (the skeleton) or by netlink (elements)."""
 
+    via: str  # "nft" | "netlink"
     wall: float
-    user: float
-    sys: float
+    user: float  # nft: the child's user CPU (parse, evaluate); netlink: this thread's (encode)
+    sys: float  # the kernel's: nft's child sys, or this thread's during the send
     commands: int
-    bytes: int
+    elements: int
+
+
+def _cpu(who: int) -> tuple[float, float]:
+    usage = resource.getrusage(who)
+    return usage.ru_utime, usage.ru_stime
 
 
 class TimedNft(Nft):
-    """An Nft that records each transaction's cost; rusage of children splits nft's own work
-    (parse, evaluate, cache) from the kernel's (the netlink batch runs in nft's syscalls)."""
+    """An Nft that records each transaction's cost and where it went."""
 
     def __init__(self) -> None:
         super().__init__(None)  # the worker already runs inside the benchmark's namespace
-        self.calls: list[NftCall] = []
+        self.calls: list[KernelCall] = []
+        self.processes = 0  # nft processes started
+
+    def _run(self, args: list[str], stdin: str | None = None) -> str:
+        self.processes += 1
+        return super()._run(args, stdin)
 
     def apply(self, tx: Transaction) -> None:
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        t0 = time.perf_counter()
+        via = "netlink" if tx.elements_only() else "nft"
+        who = resource.RUSAGE_THREAD if via == "netlink" else resource.RUSAGE_CHILDREN
+        (u0, s0), t0 = _cpu(who), time.perf_counter()
         super().apply(tx)
         wall = time.perf_counter() - t0
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        self.calls.append(
-            NftCall(
-                wall,
-                after.ru_utime - before.ru_utime,
-                after.ru_stime - before.ru_stime,
-                len(tx),
-                len(tx.text()),
-            )
-        )
+        u1, s1 = _cpu(who)
+        elements = sum(len(c.elements) for c in tx.commands if isinstance(c, Elements))
+        self.calls.append(KernelCall(via, wall, u1 - u0, s1 - s0, len(tx), elements))
 
 
-def _median_of(calls: list[NftCall], attr: str) -> float:
-    return statistics.median(getattr(c, attr) for c in calls)
+def _kernel_sys(fn: Any) -> tuple[float, float]:
+    """(wall, this thread's sys time) of fn: the kernel's share of a sync that reads and
+    writes over netlink in this thread."""
+    s0, t0 = _cpu(resource.RUSAGE_THREAD)[1], time.perf_counter()
+    fn()
+    return time.perf_counter() - t0, _cpu(resource.RUSAGE_THREAD)[1] - s0
 
 
-FLOOR_PROBE = "add table inet lacebench-floor"  # needs no cache: process start + netlink
-# Probes of an incremental batch's fixed costs on the programmed table (_probe): a rule with
-# a counter needs nft's chain cache (a dump of every chain); a rule setting the mark also makes
-# the kernel re-validate the whole table at commit, as any rule with a jump, dnat or mark does.
-
-
-def _probe(nft: TimedNft, validate: bool, runs: int = 5) -> float:
-    """Median wall time of a scratch chain with one rule, added then removed (two batches)."""
-    rule = "meta mark set meta mark | 0x1" if validate else "counter"
-    times = []
-    for _ in range(runs):
-        times.append(
-            _timed(
-                lambda: nft.apply(
-                    Transaction(
-                        [
-                            "add chain inet lace-proxy lacebench-probe",
-                            f"add rule inet lace-proxy lacebench-probe {rule}",
-                        ]
-                    )
-                )
-            )
-        )
-        nft.apply(
-            Transaction(
-                [
-                    "flush chain inet lace-proxy lacebench-probe",
-                    "delete chain inet lace-proxy lacebench-probe",
-                ]
-            )
-        )
-    return statistics.median(times)
-
-
-def _nft_bench(
-    table: Any, cluster: Cluster, runs: int, timeout: float, predicted: float | None
-) -> dict[str, Any]:
-    """Cold full_sync into the (fresh) namespace, then one endpoint change at a time."""
+def _nft_bench(table: Any, cluster: Cluster, runs: int) -> dict[str, Any]:
+    """Cold full_sync into the (fresh) namespace, endpoint changes one at a time, a periodic
+    full sync, and a new process's first (adoption)."""
     nft = TimedNft()
-    floor = [_timed(lambda: nft.apply(Transaction([FLOOR_PROBE]))) for _ in range(10)]
-    nft.apply(Transaction(["delete table inet lacebench-floor"]))
-    nft.calls.clear()
-
-    backend = NftablesBackend(NftablesSettings(cluster_cidrs=(POD_CIDR,)), nft)
-    # nft cannot be stopped in the middle of a huge batch (the kernel handles it in one
-    # sendmsg), so a cold sync that would not finish in time is not started: its cost grows
-    # with the square of the size (see bench/README.md), so the previous size predicts it.
-    if predicted is not None and predicted > timeout:
-        return {"floor_s": statistics.median(floor), "cold_s": None, "cold_predicted_s": predicted}
+    settings = NftablesSettings(cluster_cidrs=(POD_CIDR,))
+    backend = NftablesBackend(settings, nft)
     t0 = time.perf_counter()
     backend.full_sync(table.plans())
     cold = time.perf_counter() - t0
-    (call,) = nft.calls
+    by_nft = [c for c in nft.calls if c.via == "nft"]
+    by_netlink = [c for c in nft.calls if c.via == "netlink"]
     out: dict[str, Any] = {
-        "floor_s": statistics.median(floor),
         "cold_s": cold,
-        "cold_render_s": cold - call.wall,
-        "cold_nft_wall_s": call.wall,
-        "cold_nft_user_s": call.user,
-        "cold_nft_sys_s": call.sys,
-        "cold_commands": call.commands,
-        "cold_bytes": call.bytes,
-        "nft_peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+        "cold_nft_s": sum(c.wall for c in by_nft),
+        "cold_nft_sys_s": sum(c.sys for c in by_nft),
+        "cold_netlink_s": sum(c.wall for c in by_netlink),
+        "cold_netlink_sys_s": sum(c.sys for c in by_netlink),
+        "cold_commands": sum(c.commands for c in nft.calls),
+        "elements": sum(c.elements for c in nft.calls),
     }
+    out["cold_render_s"] = cold - out["cold_nft_s"] - out["cold_netlink_s"]
     nft.calls.clear()
+    nft.processes = 0
     totals: list[float] = []
     tables: list[float] = []
     for run in range(runs):
@@ -382,33 +353,38 @@ def _nft_bench(
         table.upsert_slice(sl)
         change = table.build()
         t1 = time.perf_counter()
-        backend.apply(change)  # returns once nft exited: the kernel has committed the batch
+        backend.apply(change)  # returns once the kernel has committed the batch
         table.commit()
         totals.append(time.perf_counter() - t0)
         tables.append(t1 - t0)
     calls = list(nft.calls)
-    out["probe_cache_s"] = _probe(nft, validate=False)
-    out["probe_validate_s"] = _probe(nft, validate=True)
+    out["change_nft_processes"] = nft.processes
     out.update(
         change_s=statistics.median(totals),
         change_p99_s=_percentile(totals, 0.99),
         change_table_s=statistics.median(tables),
-        change_nft_wall_s=_median_of(calls, "wall"),
-        change_nft_user_s=_median_of(calls, "user"),
-        change_nft_sys_s=_median_of(calls, "sys"),
-        change_commands=statistics.median(c.commands for c in calls),
+        change_kernel_s=statistics.median(c.wall for c in calls),
+        change_kernel_sys_s=statistics.median(c.sys for c in calls),
         change_runs=runs,
     )
     out["change_render_s"] = max(
-        0.0, out["change_s"] - out["change_table_s"] - out["change_nft_wall_s"]
+        0.0, out["change_s"] - out["change_table_s"] - out["change_kernel_s"]
     )
     # Full syncs with nothing changed: the periodic one (changes and the table's structure),
     # and a restarted process's first (every element read back and adopted).
     empty = table.build()
     table.commit()
-    out["resync_s"] = _timed(lambda: backend.full_sync(table.plans(), empty))
-    settings = backend.settings
-    out["adopt_s"] = _timed(lambda: NftablesBackend(settings, nft).full_sync(table.plans(), empty))
+    nft.calls.clear()
+    processes = nft.processes
+    out["resync_s"], out["resync_sys_s"] = _kernel_sys(
+        lambda: backend.full_sync(table.plans(), empty)
+    )
+    adopter = NftablesBackend(settings, nft)
+    out["adopt_s"], out["adopt_sys_s"] = _kernel_sys(
+        lambda: adopter.full_sync(table.plans(), empty)
+    )
+    out["resync_adopt_nft_processes"] = nft.processes - processes
+    out["nft_peak_rss_mib"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     return out
 
 
@@ -453,10 +429,9 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     result["update"] = _slice_updates(table, cluster, args.runs)
     result["rss_table_mib"] = _rss_mib()
     if args.nft:
-        result["nft"] = _nft_bench(
-            table, cluster, args.nft_runs, args.nft_timeout, args.nft_predicted
-        )
-        result["rss_nft_mib"] = _rss_mib()
+        result["nft"] = _nft_bench(table, cluster, args.nft_runs)
+        # The whole tree's peak, bounded from above: this process's and its largest child's.
+        result["rss_mib"] = _rss_mib() + result["nft"]["nft_peak_rss_mib"]
     return result
 
 
@@ -479,7 +454,6 @@ def run_worker(
     gc_mode: str,
     args: argparse.Namespace,
     nft: bool,
-    predicted: float | None = None,
 ) -> dict[str, Any]:
     cmd = [
         sys.executable,
@@ -498,11 +472,7 @@ def run_worker(
         str(args.repeat),
         "--nft-runs",
         str(args.nft_runs),
-        "--nft-timeout",
-        str(args.nft_timeout),
     ]
-    if predicted is not None:
-        cmd += ["--nft-predicted", str(predicted)]
     netns = None
     if nft:
         cmd.append("--nft")
@@ -548,17 +518,14 @@ def summarize(results: list[dict[str, Any]], sizes: list[int]) -> dict[str, Any]
             row["ratio_full"] = row["full_build_pure_s"] / row["full_build_s"]
             row["ratio_update"] = row["update_pure_s"] / row["update_s"]
             nft = c.get("nft")
-            if nft and nft["cold_s"] is not None:
-                row["nft_cold_s"] = nft["cold_s"]
-                row["nft_change_s"] = nft["change_s"]
-                row["nft_change_p99_s"] = nft["change_p99_s"]
+            if nft:
                 row["cold_start_s"] = row["full_build_s"] + nft["cold_s"]
-                row["resync_s"], row["adopt_s"] = nft["resync_s"], nft["adopt_s"]
-            if "rss_nft_mib" in c:
-                row["rss_nft_mib"] = c["rss_nft_mib"]
-            elif nft:  # not run: judged on the prediction, and said so
-                row["nft_cold_s"] = nft["cold_predicted_s"]
-                row["nft_cold_predicted"] = True
+                for key in ("change_s", "change_p99_s", "adopt_s", "resync_s", "elements"):
+                    row[key] = nft[key]
+                for key in ("cold_netlink_sys_s", "cold_nft_sys_s", "change_kernel_sys_s"):
+                    row[key] = nft[key]
+                row["adopt_sys_s"], row["resync_sys_s"] = nft["adopt_sys_s"], nft["resync_sys_s"]
+                row["rss_mib"] = c["rss_mib"]
             summary[f"{size}/{mode}"] = row
     return summary
 
@@ -581,8 +548,6 @@ def verdicts(summary: dict[str, Any], size: int) -> list[dict[str, Any]]:
             status = "PASS" if (value < t.limit if t.lower else value >= t.limit) else "MISS"
             if t.info:
                 status = "info"
-            if t.metric == "nft_cold_s" and row.get("nft_cold_predicted"):
-                status += " (predicted, not run)"
         out.append(
             {
                 "target": t.label,
@@ -670,64 +635,62 @@ def print_report(
     else:
         w("nftables (compiled twin, default GC, a fresh network namespace per size)")
         w(
-            "  nft CPU is the child's rusage: user = nft parsing, evaluation, cache; "
-            "sys = kernel (the netlink batch and its commit)"
+            "  kernel = the kernel's share: the sys time of nft's child (the skeleton) and of "
+            "this thread while it sends and reads over netlink"
         )
-        w("  Cold programming: NftablesBackend.full_sync of every plan")
+        w("  Cold programming: NftablesBackend.full_sync of every plan into an empty namespace")
         w(
-            f"{'services':>8} {'commands':>9} {'MB':>6}  {'cold':>9} = {'render':>8} + "
-            f"{'nft':>9}  {'nft user':>9} {'nft sys':>9}  {'nft RSS':>8}"
+            f"{'services':>8} {'elements':>9}  {'cold':>9} = {'render':>8} + {'nft':>8} + "
+            f"{'netlink':>8}  {'kernel':>8}"
         )
         for size in sizes:
             c = by.get((size, "compiled", "default"))
             n = c.get("nft") if c else None
             if not n:
                 continue
-            if n["cold_s"] is None:
-                w(
-                    f"{size:>8}  not run: predicted ~{fmt_t(n['cold_predicted_s'])} from the "
-                    f"previous size (quadratic), over --nft-timeout {args.nft_timeout:.0f} s"
-                )
-                continue
+            kernel = n["cold_nft_sys_s"] + n["cold_netlink_sys_s"]
             w(
-                f"{size:>8} {n['cold_commands']:>9} {n['cold_bytes'] / 1e6:>6.1f}  "
-                f"{fmt_t(n['cold_s']):>9} = {fmt_t(n['cold_render_s']):>8} + "
-                f"{fmt_t(n['cold_nft_wall_s']):>9}  {fmt_t(n['cold_nft_user_s']):>9} "
-                f"{fmt_t(n['cold_nft_sys_s']):>9}  {n['nft_peak_rss_mib']:>4.0f} MiB"
+                f"{size:>8} {n['elements']:>9}  {fmt_t(n['cold_s']):>9} = "
+                f"{fmt_t(n['cold_render_s']):>8} + {fmt_t(n['cold_nft_s']):>8} + "
+                f"{fmt_t(n['cold_netlink_s']):>8}  {fmt_t(kernel):>8}"
             )
         w(
             "  One endpoint change to the kernel: upsert slice, build, apply, commit; "
             f"median [p99] of {args.nft_runs}"
         )
         w(
-            "  probes: floor = nft with no cache; cache = + chain cache; "
-            "validate = + kernel table validation"
-        )
-        w(
             f"{'services':>8} {'change':>9} {'[p99]':>9} = {'table':>8} + {'render':>8} + "
-            f"{'nft':>9}  {'nft user':>9} {'nft sys':>9}  {'floor':>8} {'cache':>8} "
-            f"{'validate':>8}"
+            f"{'send':>8}  {'kernel':>8}  {'nft runs':>8}"
         )
         for size in sizes:
             c = by.get((size, "compiled", "default"))
             n = c.get("nft") if c else None
-            if not n or n["cold_s"] is None:
+            if not n:
                 continue
             w(
                 f"{size:>8} {fmt_t(n['change_s']):>9} {fmt_t(n['change_p99_s']):>9} = "
                 f"{fmt_t(n['change_table_s']):>8} + {fmt_t(n['change_render_s']):>8} + "
-                f"{fmt_t(n['change_nft_wall_s']):>9}  {fmt_t(n['change_nft_user_s']):>9} "
-                f"{fmt_t(n['change_nft_sys_s']):>9}  {fmt_t(n['floor_s']):>8} "
-                f"{fmt_t(n['probe_cache_s']):>8} {fmt_t(n['probe_validate_s']):>8}"
+                f"{fmt_t(n['change_kernel_s']):>8}  {fmt_t(n['change_kernel_sys_s']):>8}  "
+                f"{n['change_nft_processes']:>8}"
             )
-    w("")
-    w("Full syncs with nothing changed: periodic (changes + structure), after a restart (adopt)")
-    w(f"{'services':>8} {'periodic':>9} {'adopt':>9}")
-    for size in sizes:
-        c = by.get((size, "compiled", "default"))
-        n = c.get("nft") if c else None
-        if n and n.get("cold_s") is not None:
-            w(f"{size:>8} {fmt_t(n['resync_s']):>9} {fmt_t(n['adopt_s']):>9}")
+        w("")
+        w(
+            "Full syncs with nothing changed: periodic (changes + structure), "
+            "after a restart (adopt)"
+        )
+        w(
+            f"{'services':>8} {'periodic':>9} {'kernel':>8}  {'adopt':>9} {'kernel':>8}"
+            f"  {'nft runs':>8}"
+        )
+        for size in sizes:
+            c = by.get((size, "compiled", "default"))
+            n = c.get("nft") if c else None
+            if n:
+                w(
+                    f"{size:>8} {fmt_t(n['resync_s']):>9} {fmt_t(n['resync_sys_s']):>8}  "
+                    f"{fmt_t(n['adopt_s']):>9} {fmt_t(n['adopt_sys_s']):>8}  "
+                    f"{n['resync_adopt_nft_processes']:>8}"
+                )
     w("")
     w(
         "Peak RSS per process (MiB): after building the model objects, then after the table "
@@ -738,7 +701,7 @@ def print_report(
         c, p = by.get((size, "compiled", "default")), by.get((size, "pure", "default"))
         if not c or not p:
             continue
-        nft_rss = f"{c['rss_nft_mib']:.0f}" if "rss_nft_mib" in c else "-"
+        nft_rss = f"{c['rss_mib']:.0f}" if "rss_mib" in c else "-"
         w(
             f"{size:>8}  {c['rss_models_mib']:>7.0f}  {c['rss_table_mib']:>8.0f}  {nft_rss:>6}  "
             f"{p['rss_table_mib']:>6.0f}"
@@ -763,20 +726,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--endpoints", type=int, default=10, help="endpoints per service")
     parser.add_argument("--runs", type=int, default=512, help="one-slice updates per twin")
     parser.add_argument("--repeat", type=int, default=3, help="full builds per twin (median)")
-    parser.add_argument("--nft-runs", type=int, default=20, help="endpoint changes to nftables")
+    parser.add_argument("--nft-runs", type=int, default=200, help="endpoint changes to nftables")
     parser.add_argument("--no-nft", action="store_true", help="skip the nftables figures")
-    parser.add_argument(
-        "--nft-timeout",
-        type=float,
-        default=300,
-        help="skip a cold nftables sync predicted to take longer than this (seconds)",
-    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--twin", choices=sorted(TWIN_MODULES), help=argparse.SUPPRESS)
     parser.add_argument("--gc", choices=GC_MODES, default="default", help=argparse.SUPPRESS)
     parser.add_argument("--nft", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--nft-predicted", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.worker is not None:
@@ -786,7 +742,6 @@ def main(argv: list[str] | None = None) -> int:
     sizes = sorted(int(s) for s in args.sizes.split(",") if s.strip())
     note = "--no-nft" if args.no_nft else _netns_ok()
     results = []
-    cold: tuple[int, float] | None = None  # (size, seconds) of the last cold sync, for predictions
     for size in sorted(sizes):
         for twin in ("compiled", "pure"):
             for mode in GC_MODES:
@@ -796,12 +751,7 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                     flush=True,
                 )
-                predicted = None if cold is None else cold[1] * (size / cold[0]) ** 2
-                results.append(run_worker(size, twin, mode, args, nft, predicted))
-                n = results[-1].get("nft")
-                if n:
-                    measured = n.get("cold_s")
-                    cold = (size, measured if measured is not None else n["cold_predicted_s"])
+                results.append(run_worker(size, twin, mode, args, nft))
     if args.json:
         size = TARGET_SIZE if TARGET_SIZE in sizes else max(sizes)
         summary = summarize(results, sizes)
