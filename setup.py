@@ -1,4 +1,4 @@
-"""Build the compiled table core from ext/*.pyx.
+"""Build the compiled cores from ext/*.pyx: the service table and the nf_tables codec.
 
 Set LACE_PROXY_NO_EXTENSIONS=1 to install the pure-Python twin only (no compiler needed).
 """
@@ -14,7 +14,10 @@ else:
     from setuptools import Extension
 
     ext_modules = cythonize(
-        [Extension("lace_proxy.table._ctable", ["ext/table.pyx"])],
+        [
+            Extension("lace_proxy.table._ctable", ["ext/table.pyx"]),
+            Extension("lace_proxy.dataplane.nftables._ccodec", ["ext/nftcodec.pyx"]),
+        ],
         compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False},
     )
 

@@ -1,8 +1,10 @@
-"""The compiled table's stub (`lace_proxy/table/_ctable.pyi`) is held to both twins.
+"""The compiled table's stub (`lace_proxy/table/_ctable.pyi`) is held to both twins, and so
+is the compiled nf_tables codec's (`lace_proxy/dataplane/nftables/_ccodec.pyi`).
 
-mypy's stubtest checks it against the compiled module (every public name, signature and
+mypy's stubtest checks each against its compiled module (every public name, signature and
 property); the pure twin is held to it here by names and parameter names. mypy, in the lint
-step, holds both twins to the `Plan`/`Backend` contract (`lace_proxy/table/changeset.py`).
+step, holds both table twins to the `Plan`/`Backend` contract
+(`lace_proxy/table/changeset.py`).
 """
 
 from __future__ import annotations
@@ -13,27 +15,30 @@ import inspect
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
+from lace_proxy.dataplane.nftables import _pycodec
 from lace_proxy.table import _pytable, changeset
 
 STUB = Path(_pytable.__file__).with_name("_ctable.pyi")
+CODEC_STUB = Path(_pycodec.__file__).with_name("_ccodec.pyi")
 ROOT = Path(__file__).resolve().parents[2]
 
 #: What Cython adds to every module and extension type: pickling support, doctest's table.
 STUBTEST_ALLOWLIST = """
-lace_proxy\\.table\\._ctable\\.(\\w+\\.)?__reduce_cython__
-lace_proxy\\.table\\._ctable\\.(\\w+\\.)?__setstate_cython__
-lace_proxy\\.table\\._ctable\\.__test__
+{module}\\.(\\w+\\.)?__reduce_cython__
+{module}\\.(\\w+\\.)?__setstate_cython__
+{module}\\.__test__
 """
 
 
-def _stub_classes() -> dict[str, dict[str, list[str] | None]]:
+def _stub_classes(stub: Path = STUB) -> dict[str, dict[str, list[str] | None]]:
     """Each class of the stub: its public members, with a method's parameter names (None for
     a property or an attribute)."""
     classes: dict[str, dict[str, list[str] | None]] = {}
-    for node in ast.parse(STUB.read_text()).body:
+    for node in ast.parse(stub.read_text()).body:
         if not isinstance(node, ast.ClassDef):
             continue
         members: dict[str, list[str] | None] = {}
@@ -54,11 +59,14 @@ def _public(members: dict[str, list[str] | None]) -> dict[str, list[str] | None]
     return {k: v for k, v in members.items() if not k.startswith("_")}
 
 
-def test_stub_matches_the_compiled_module(tmp_path: Path) -> None:
-    if importlib.util.find_spec("lace_proxy.table._ctable") is None:
-        pytest.skip("compiled table not built in this environment")
+@pytest.mark.parametrize(
+    "module", ["lace_proxy.table._ctable", "lace_proxy.dataplane.nftables._ccodec"]
+)
+def test_stub_matches_the_compiled_module(tmp_path: Path, module: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} not built in this environment")
     allowlist = tmp_path / "allowlist.txt"
-    allowlist.write_text(STUBTEST_ALLOWLIST)
+    allowlist.write_text(STUBTEST_ALLOWLIST.format(module=module.replace(".", "\\.")))
     proc = subprocess.run(
         [
             sys.executable,
@@ -70,7 +78,7 @@ def test_stub_matches_the_compiled_module(tmp_path: Path) -> None:
             str(allowlist),
             # Which Cython helpers a build adds depends on the Cython that built it.
             "--ignore-unused-allowlist",
-            "lace_proxy.table._ctable",
+            module,
         ],
         capture_output=True,
         text=True,
@@ -111,3 +119,46 @@ def test_contract_is_what_the_stub_declares(name: str, protocol: type) -> None:
     """The Protocols the dataplane is typed against name every member the twins share."""
     members = {k for k in vars(protocol) if not k.startswith("_")}
     assert members == set(_public(_stub_classes()[name]))
+
+
+def _module_names(module: ModuleType) -> set[str]:
+    """A module's own public names (not what it imports)."""
+    return {
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_")
+        and not isinstance(value, ModuleType)
+        and getattr(value, "__module__", module.__name__) == module.__name__
+    }
+
+
+def test_codec_stub_names_what_the_pure_twin_has() -> None:
+    tree = ast.parse(CODEC_STUB.read_text())
+    names = {
+        n.target.id
+        for n in tree.body
+        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+    } | {n.name for n in tree.body if isinstance(n, ast.ClassDef | ast.FunctionDef)}
+    assert names == _module_names(_pycodec)
+    assert list(inspect.signature(_pycodec.dump_request).parameters) == [
+        a.arg
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef) and n.name == "dump_request"
+        for a in n.args.args
+    ]
+    stub = _stub_classes(CODEC_STUB)
+    assert set(stub) == {"Batch", "CodecError", "DumpParser"}
+    instances = {
+        "Batch": _pycodec.Batch("t", 1),
+        "DumpParser": _pycodec.DumpParser((0,), (), False),
+    }
+    for name, members in stub.items():
+        cls = getattr(_pycodec, name)
+        methods = {k for k, v in members.items() if v is not None}
+        assert methods == {k for k in vars(cls) if k in methods or not k.startswith("_")}, name
+        for member, params in members.items():
+            if params is None:  # an attribute: the pure twin sets it on each instance
+                assert hasattr(instances[name], member), f"{name}.{member}"
+            else:
+                signature = inspect.signature(getattr(cls, member))
+                assert list(signature.parameters) == params, f"{name}.{member}"

@@ -84,14 +84,17 @@ def _field(code: int, token: str, end: bool) -> bytes:
     """One field's bytes; `end` takes the last address of a prefix or range."""
     if code in (ADDR4, ADDR6):
         first, sep, last = token.partition("-")
-        if sep:
-            text = last if end else first
-            value = ipaddress.ip_address(text)
-        elif "/" in token:
-            net = ipaddress.ip_network(token, strict=False)
-            value = net.broadcast_address if end else net.network_address
-        else:
-            value = ipaddress.ip_address(token)
+        try:
+            if sep:
+                text = last if end else first
+                value = ipaddress.ip_address(text)
+            elif "/" in token:
+                net = ipaddress.ip_network(token, strict=False)
+                value = net.broadcast_address if end else net.network_address
+            else:
+                value = ipaddress.ip_address(token)
+        except ValueError as error:  # ipaddress's: not the layout's CodecError
+            raise CodecError(str(error)) from None
         if value.version != (4 if code == ADDR4 else 6):
             raise CodecError(f"{token!r} is not an IPv{4 if code == ADDR4 else 6} address")
         return value.packed
