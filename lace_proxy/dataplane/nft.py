@@ -182,6 +182,10 @@ class Nft:
             raise NftError(f"nft {' '.join(args)} failed (exit {proc.returncode})", proc.stderr)
         return proc.stdout
 
+    def kernel_seconds(self) -> float:
+        """Seconds the kernel has spent on this Nft's netlink batches and dumps so far."""
+        return 0.0 if self._netlink is None else self._netlink.kernel_seconds
+
     def apply(self, tx: Transaction) -> None:
         """Apply the whole transaction atomically, or raise NftError and change nothing.
 

@@ -14,6 +14,7 @@ import itertools
 import logging
 import os
 import struct
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,6 +55,9 @@ class ElementChannel:
         self._netns = netns
         self._socket: NetlinkSocket | None = None
         self._sequence = itertools.count(1)
+        # Seconds spent in the calls the kernel does its work in (a batch is applied inside
+        # its send, a dump produced inside the receives): the kernel's share of a sync.
+        self.kernel_seconds = 0.0
 
     def _sock(self) -> NetlinkSocket:
         if self._socket is None:
@@ -94,10 +98,13 @@ class ElementChannel:
         sock = self._sock()
         sock.replies()  # nothing of an earlier batch is taken for this one's
         sock.send_buffer(len(data))
+        start = time.perf_counter()
         try:
             sock.send(data)
         except OSError as exc:
             raise NftError("element batch not sent", os.strerror(exc.errno or 0)) from exc
+        finally:
+            self.kernel_seconds += time.perf_counter() - start
         replies = sock.replies()
         refused = sorted((s, a) for s, a in replies.items() if a.errno)
         if refused:
@@ -138,8 +145,12 @@ class ElementChannel:
         sock.send(dump_request(table, container, next(self._sequence)))
         parser = DumpParser(found.key, found.data, found.interval)
         try:
-            while not parser.feed(sock.receive()):
-                pass
+            while True:
+                start = time.perf_counter()
+                data = sock.receive()
+                self.kernel_seconds += time.perf_counter() - start
+                if parser.feed(data):
+                    break
         except OSError as exc:
             if exc.errno == errno.ENOENT:
                 return None
