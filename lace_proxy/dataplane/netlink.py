@@ -61,8 +61,14 @@ class NetlinkSocket:
     room for `answers` answers waiting at once (SO_RCVBUFFORCE: CAP_NET_ADMIN, which
     programming IPVS or conntrack needs anyway; without it, the default buffer)."""
 
-    def __init__(self, protocol: int, answers: int = 0) -> None:
+    def __init__(self, protocol: int, answers: int = 0, timeout: float = 0) -> None:
         self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, protocol)
+        if timeout:  # how long `receive` waits; the socket stays blocking for sends
+            seconds = int(timeout)
+            micros = int((timeout - seconds) * 1e6)
+            self._sock.setsockopt(
+                socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("@ll", seconds, micros)
+            )
         self._sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)
         self._sock.setsockopt(SOL_NETLINK, NETLINK_EXT_ACK, 1)
         if answers * ANSWER_BYTES > self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF):
@@ -117,8 +123,11 @@ class NetlinkSocket:
         _send_all(self, data)
 
     def receive(self, size: int = 1 << 20) -> bytes:
-        """The next buffer of answers (blocking)."""
-        return self._sock.recv(size)
+        """The next buffer of answers, waiting at most the socket's `timeout`."""
+        try:
+            return self._sock.recv(size)
+        except BlockingIOError:  # SO_RCVTIMEO ran out
+            raise TimeoutError(errno.ETIMEDOUT, "netlink: no answer from the kernel") from None
 
     def send_buffer(self, size: int) -> None:
         """Make room for a `send` of `size` bytes (SO_SNDBUFFORCE with CAP_NET_ADMIN, else
@@ -207,10 +216,12 @@ def _send_all(sock: NetlinkSocket, data: bytes) -> None:
         raise OSError(code, f"netlink send: {os.strerror(code)}")
 
 
-def socket_in(netns: str | None, protocol: int, answers: int = 0) -> NetlinkSocket:
+def socket_in(
+    netns: str | None, protocol: int, answers: int = 0, timeout: float = 0
+) -> NetlinkSocket:
     """A netlink socket of the named network namespace (the caller's if None): made by a
     short-lived thread that enters it, since a socket stays in the namespace it was made in."""
     if netns is None:
-        return NetlinkSocket(protocol, answers)
+        return NetlinkSocket(protocol, answers, timeout)
     with ThreadPoolExecutor(1, initializer=enter_netns, initargs=(netns,)) as pool:
-        return pool.submit(NetlinkSocket, protocol, answers).result()
+        return pool.submit(NetlinkSocket, protocol, answers, timeout).result()

@@ -10,6 +10,7 @@ import ipaddress
 import random
 import re
 import subprocess
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -256,3 +257,39 @@ def test_the_structure_read_over_netlink_is_what_nft_lists(
     ).stdout
     comments = dict(re.findall(r'chain (\S+) \{\n\t\tcomment "([^"]*)"', text))
     assert got.comments == comments and "default/sticky:p/TCP/v6" in comments.values()
+
+
+def test_threads_sharing_a_channel_each_get_their_own_answers(node: str) -> None:
+    """The dataplane thread syncs while another reads the table back (the proxier's tests,
+    the state socket): each request's answers reach the thread that asked, none hangs."""
+    channel = ElementChannel(node)
+    rng = random.Random(5)
+    elements = _elements("endpoints-v4", rng, 2000)
+    failures: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            for _ in range(40):
+                channel.apply([Elements("add", "inet", TABLE, "endpoints-v4", tuple(elements))])
+                keys = tuple(e.split(" : ")[0] for e in elements)
+                channel.apply([Elements("delete", "inet", TABLE, "endpoints-v4", keys)])
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    def read() -> None:
+        try:
+            for _ in range(40):
+                objects = channel.table_objects("inet", TABLE)
+                assert objects is not None and KernelState.from_json(objects).containers
+                got = channel.read("inet", TABLE, "endpoints-v4")
+                assert got is not None and len(got) in (0, len(elements))
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=write), threading.Thread(target=read)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a thread waits for an answer it never gets"
+    assert failures == []

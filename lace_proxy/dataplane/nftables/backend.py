@@ -86,6 +86,9 @@ class NftablesBackend:
         self.renderer = Renderer(settings)
         self._refs: Counter[tuple[str, str]] = Counter()  # shared element -> plans holding it
         self._shared_chains: set[str] = set()
+        # The table's chains (with their rules and comments) and sets as programmed, without
+        # elements: what a full sync that reads no element compares the kernel's with.
+        self._structure = Rendered()
         # The network model's objects as programmed (the caller hands the wanted layout to
         # each sync, taken together with the plans, so the two always agree).
         self._programmed_layout = NO_NETWORKS
@@ -112,12 +115,14 @@ class NftablesBackend:
 
         Used for the first sync (also after a restart) and the periodic reconcile. The first
         one of a process, the one after a refused transaction, and every `verify_every`-th
-        read every element back (seconds at 30k services: nft lists ~40k elements a second)
-        and program only what differs, in one atomic batch: nothing is flushed, so a
-        restarted proxy adopts what its predecessor made (affinity ids and clients' pinned
-        endpoints included) and drift is repaired element by element. The others program
-        `changes` as `apply` does and check the table's structure (chains, rules, sets: read
-        in milliseconds) against the plans, verifying every element only if it differs.
+        read every element back (seconds at 30k services: the kernel walks a hash set from
+        its start again for each part of a dump) and program only what differs, in one
+        atomic batch: nothing is flushed, so a restarted proxy adopts what its predecessor
+        made (affinity ids and clients' pinned endpoints included) and drift is repaired
+        element by element. The others program `changes` as `apply` does and check the
+        table's structure (chains, rules, sets: read in milliseconds) against the structure
+        as programmed (kept by every sync, so that no plan is rendered again), verifying
+        every element only if it differs.
         """
         plans = list(plans)
         if (
@@ -131,9 +136,8 @@ class NftablesBackend:
             except FullSyncRequired:
                 pass
             else:
-                merged = self._render_all(plans, layout, None)[0]
                 kernel = KernelState.read(self.nft, self.family, self.table, elements=False)
-                tx = None if kernel is None else self._reconcile(merged, kernel, {})
+                tx = None if kernel is None else self._reconcile(self._structure, kernel, {})
                 if tx is not None and not tx.commands:
                     self._since_verified += 1
                     return count
@@ -169,6 +173,9 @@ class NftablesBackend:
             self._apply(tx)
         self._refs = refs
         self._shared_chains = shared
+        self._structure = Rendered(
+            chains=dict(merged.chains), comments=dict(merged.comments), sets=dict(merged.sets)
+        )
         self._networks, self._programmed_layout = networks, layout
         self._synced = self._trusted = True
         self._since_verified = 0
@@ -424,6 +431,7 @@ class NftablesBackend:
             if needs_id(plan) and plan.id not in still:
                 ids.release(plan.id)
         self._shared_chains |= missing
+        self._record_structure(old, new, changed, created)
         for shared, change in delta.items():
             count = self._refs[shared] + change
             if count > 0:
@@ -432,6 +440,24 @@ class NftablesBackend:
                 del self._refs[shared]
         self._move_udp_flows(stale_udp_filters(changes))
         return len(tx)
+
+    def _record_structure(
+        self, old: Rendered, new: Rendered, changed: dict[str, tuple[str, ...]], created: list[str]
+    ) -> None:
+        """Keep the record of the programmed structure as `apply` changed it."""
+        record = self._structure
+        for name in old.chains.keys() - new.chains.keys():
+            record.chains.pop(name, None)
+            record.comments.pop(name, None)
+        for name in created:
+            record.chains[name] = self.renderer.shared_chain(name)
+        for name, rules in changed.items():
+            record.chains[name] = rules
+            if name in new.comments:
+                record.comments[name] = new.comments[name]
+        for name in old.sets.keys() - new.sets.keys():
+            record.sets.pop(name, None)
+        record.sets.update(new.sets)
 
     def _move_udp_flows(self, stale: StaleFlows) -> None:
         """Delete the stale UDP conntrack entries, once the replies in flight on those that

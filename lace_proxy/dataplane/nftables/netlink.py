@@ -10,13 +10,15 @@ it refused. Elements are read back with GETSETELEM dumps, parsed into the render
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
 import logging
 import os
 import struct
+import threading
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from lace_proxy.dataplane.netlink import (
     NETLINK_NETFILTER,
@@ -42,10 +44,28 @@ NFTA_SET_TABLE, NFTA_SET_NAME, NFTA_SET_FLAGS = 1, 2, 3
 NFT_SET_ANONYMOUS, NFT_SET_MAP = 0x1, 0x8
 UDATA_COMMENT = 0  # NFTNL_UDATA_CHAIN_COMMENT and NFTNL_UDATA_RULE_COMMENT
 _FAMILIES = {"ip": 2, "ip6": 10, "inet": 1}
+#: Seconds a read waits for the kernel's next answer: a lost answer is an error, not a hang.
+TIMEOUT = 30.0
 #: Dumps of one container read before giving up (see ElementChannel.read).
 DUMP_ATTEMPTS = 5
 
 log = logging.getLogger(__name__)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _serialized(
+    method: Callable[Concatenate[ElementChannel, P], R],
+) -> Callable[Concatenate[ElementChannel, P], R]:
+    """One request and its answers at a time on the channel's socket: the dataplane thread
+    syncs while another (a test, the state socket) may read the table back."""
+
+    @functools.wraps(method)
+    def locked(self: ElementChannel, *args: P.args, **kwargs: P.kwargs) -> R:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
 
 
 class ElementChannel:
@@ -54,6 +74,7 @@ class ElementChannel:
     def __init__(self, netns: str | None = None) -> None:
         self._netns = netns
         self._socket: NetlinkSocket | None = None
+        self._lock = threading.Lock()
         self._sequence = itertools.count(1)
         # Seconds spent in the calls the kernel does its work in (a batch is applied inside
         # its send, a dump produced inside the receives): the kernel's share of a sync.
@@ -61,7 +82,7 @@ class ElementChannel:
 
     def _sock(self) -> NetlinkSocket:
         if self._socket is None:
-            self._socket = socket_in(self._netns, NETLINK_NETFILTER, ANSWERS)
+            self._socket = socket_in(self._netns, NETLINK_NETFILTER, ANSWERS, TIMEOUT)
         return self._socket
 
     @staticmethod
@@ -73,6 +94,7 @@ class ElementChannel:
             return False
         return all(layout(c.container) is not None for c in commands)
 
+    @_serialized
     def apply(self, commands: Sequence[Elements]) -> None:
         """Send the commands as one batch; raise NftError (nothing applied) if the kernel
         refuses any of them, naming the element it refused."""
@@ -120,6 +142,7 @@ class ElementChannel:
         if batch.last_request not in replies:
             raise NftError("element batch", "the kernel did not acknowledge it")
 
+    @_serialized
     def read(self, family: str, table: str, container: str) -> list[str] | None:
         """The container's elements in the renderer's text; None if the kernel has no such
         map or set, or the codec has no layout for it.
@@ -157,6 +180,7 @@ class ElementChannel:
             raise NftError(f"elements of {container} not read", str(exc)) from exc
         return parser.result()
 
+    @_serialized
     def table_objects(self, family: str, table: str) -> dict[str, Any] | None:
         """The table's chains (with their comments), rules (their comments, in order), maps
         and sets, in the shape of nft's JSON objects (KernelState.from_json reads them); None
@@ -169,6 +193,12 @@ class ElementChannel:
             if exc.errno == errno.ENOENT:
                 return None
             raise NftError(f"table {family} {table} not read", str(exc)) from exc
+        try:
+            return {"nftables": self._objects(fam, family, table)}
+        except OSError as exc:
+            raise NftError(f"table {family} {table} not read", str(exc)) from exc
+
+    def _objects(self, fam: int, family: str, table: str) -> list[dict[str, Any]]:
         where = {"family": family, "table": table}
         items: list[dict[str, Any]] = [{"table": {"family": family, "name": table}}]
         for attrs in self._dump_objects(NFT_MSG_GETCHAIN, fam, table):
@@ -186,7 +216,7 @@ class ElementChannel:
             if _string(attrs.get(NFTA_SET_TABLE)) == table and not flags & NFT_SET_ANONYMOUS:
                 kind = "map" if flags & NFT_SET_MAP else "set"
                 items.append({kind: {**where, "name": _string(attrs.get(NFTA_SET_NAME))}})
-        return {"nftables": items}
+        return items
 
     def _dump_objects(
         self, kind: int, family: int, table: str, *, dump: bool = True
