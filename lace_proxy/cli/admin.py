@@ -149,6 +149,9 @@ def cmd_completion(args: argparse.Namespace) -> int:
 
 
 def cmd_version(args: argparse.Namespace) -> int:
-    """The version, and which service table twin is active (compiled or pure)."""
-    print(f"lace-proxy {__version__} ({implementation()} service table)")
+    """The version, and which twins are active (compiled or pure): the service table's and
+    the nftables element codec's."""
+    from lace_proxy.dataplane.nftables.codec import IMPLEMENTATION as codec
+
+    print(f"lace-proxy {__version__} ({implementation()} service table, {codec} nftables codec)")
     return 0
