@@ -275,7 +275,8 @@ def test_external_traffic_policy_local(proxy: Harness) -> None:
         for address, port in ((UPLINK_NODE4, 30080), (LB4, 80)):
             dropped = request_tcp(tb.client, address, port, timeout=1.0)
             assert dropped.outcome == "timeout", dropped
-            assert served(tb.pods[2], address, port, pinned=affinity == "ClientIP")
+            # (pod1 asks: no longer an endpoint, it is this node's pod, as a client is.)
+            assert served(tb.pods[0], address, port, pinned=affinity == "ClientIP")
         assert served(tb.node, LB4, 80, pinned=affinity == "ClientIP")
 
 
