@@ -7,8 +7,11 @@
 - `affinity`: ids of the service ports with ClientIP affinity.
 - `backend`: `NftablesBackend`, the Dataplane (base.py): apply, full sync, adoption.
 - `kernel`: the table read back from the kernel.
+- `codec`: set elements as nfnetlink messages and back (compiled `_ccodec`, pure `_pycodec`),
+  and each map's and set's layout; `netlink`: the channel that sends and reads them.
 
-The nft command itself runs in `lace_proxy.dataplane.nft`.
+Transactions are applied by `lace_proxy.dataplane.nft`: elements over `netlink`, the rest
+by the nft command.
 """
 
 from lace_proxy.dataplane.nftables.backend import NftablesBackend

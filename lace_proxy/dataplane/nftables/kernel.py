@@ -1,7 +1,8 @@
 """Our nftables table as the kernel holds it, read back for a full sync, adoption and the CLI.
 
 The structure (chains, their rules' hash comments, maps and sets) is read in milliseconds
-from nft's terse JSON; elements are read over netlink (GETSETELEM dumps, parsed by the
+over netlink, dumps of our table's objects without their elements; elements are read over
+netlink too (GETSETELEM dumps, parsed by the
 codec into the renderer's text), one map or set at a time and only when asked for, since
 at 30k services the maps hold about a million of them. Some elements come back spelled
 otherwise than rendered (an interval as a prefix or a range, and from nft's listing, which
