@@ -9,56 +9,31 @@ kernel's own key and data lengths.
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 from typing import TYPE_CHECKING, NamedTuple
 
-if TYPE_CHECKING or os.environ.get("LACE_PROXY_NO_EXTENSIONS"):
-    from lace_proxy.dataplane.nftables._pycodec import (
-        ADDR4,
-        ADDR6,
-        IMPLEMENTATION,
-        MARK,
-        NUMBER,
-        PORT,
-        PROTO,
-        VERDICT,
-        Batch,
-        CodecError,
-        DumpParser,
-        dump_request,
-    )
+if TYPE_CHECKING:  # both twins have the pure one's API (a test holds them equal)
+    from lace_proxy.dataplane.nftables import _pycodec as _twin
 else:
-    try:
-        from lace_proxy.dataplane.nftables._ccodec import (
-            ADDR4,
-            ADDR6,
-            IMPLEMENTATION,
-            MARK,
-            NUMBER,
-            PORT,
-            PROTO,
-            VERDICT,
-            Batch,
-            CodecError,
-            DumpParser,
-            dump_request,
-        )
-    except ImportError:  # not built
-        from lace_proxy.dataplane.nftables._pycodec import (
-            ADDR4,
-            ADDR6,
-            IMPLEMENTATION,
-            MARK,
-            NUMBER,
-            PORT,
-            PROTO,
-            VERDICT,
-            Batch,
-            CodecError,
-            DumpParser,
-            dump_request,
-        )
+
+    def _chosen():
+        """The compiled twin unless it is not built or the pure one is asked for."""
+        if not os.environ.get("LACE_PROXY_NO_EXTENSIONS"):
+            try:
+                return importlib.import_module("lace_proxy.dataplane.nftables._ccodec")
+            except ImportError:  # not built
+                pass
+        return importlib.import_module("lace_proxy.dataplane.nftables._pycodec")
+
+    _twin = _chosen()
+
+IMPLEMENTATION = _twin.IMPLEMENTATION
+ADDR4, ADDR6, PROTO, PORT = _twin.ADDR4, _twin.ADDR6, _twin.PROTO, _twin.PORT
+MARK, NUMBER, VERDICT = _twin.MARK, _twin.NUMBER, _twin.VERDICT
+Batch, DumpParser, CodecError = _twin.Batch, _twin.DumpParser, _twin.CodecError
+dump_request = _twin.dump_request
 
 __all__ = [
     "IMPLEMENTATION",
