@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import struct
 
+from lace_proxy.dataplane.netlink import chunks
+
 NLMSG = struct.Struct("=IHHII")
 NLA = struct.Struct("=HH")
 NLMSG_DONE = 3
@@ -72,14 +74,4 @@ def dump_answers(
             length, kind, _, _, port = NLMSG.unpack_from(part)
             answers.append(NLMSG.pack(length, kind, NLM_F_MULTI, sequence, port) + part[16:])
     answers.append(NLMSG.pack(20, NLMSG_DONE, NLM_F_MULTI, sequence, 0) + b"\0" * 4)
-    out: list[bytes] = []
-    pending: list[bytes] = []
-    size = 0
-    for answer in answers:
-        if pending and size + len(answer) > chunk:
-            out.append(b"".join(pending))
-            pending, size = [], 0
-        pending.append(answer)
-        size += len(answer)
-    out.append(b"".join(pending))
-    return out
+    return chunks(answers, chunk)

@@ -112,28 +112,6 @@ def test_every_layout_is_written_and_read_back_as_nft_reads_it(node: str) -> Non
     """Each map and set the codec writes: the kernel takes the elements, reads them back as
     written (by meaning), and nft, which knows the declared types, lists the same."""
     rng = random.Random(17)
-    subprocess.run(
-        [
-            "ip",
-            "netns",
-            "exec",
-            node,
-            "nft",
-            "add set inet lace-proxy reach-abc-v4 { type ipv4_addr . inet_proto . inet_service; }",
-        ],
-        check=True,
-    )
-    subprocess.run(
-        [
-            "ip",
-            "netns",
-            "exec",
-            node,
-            "nft",
-            "add set inet lace-proxy reach-nodeports-abc-v6 { type inet_proto . inet_service; }",
-        ],
-        check=True,
-    )
     channel = ElementChannel(node)
     wanted = {c: _elements(c, rng, 40) for c in CONTAINERS}
     channel.apply([Elements("add", "inet", TABLE, c, tuple(e)) for c, e in wanted.items()])
