@@ -15,11 +15,15 @@ What makes it fast:
 - a dump's elements are read in place from the received bytes and written straight into
   one new str each (IPv4 and IPv6 formatted by hand as `ipaddress` writes them).
 
-Anything off the common path takes the pure twin's code (copied below, Python): an
+Anything off the common path is the pure twin's (`_pycodec`, imported, not copied): an
 element whose text is not plain ASCII or not in the plain form (a prefix, a range, a number
-written otherwise than in decimal or 0x-hex, a malformed field: the Python code then raises
-the same error), interval sets, a message or an element of a dump not laid out as the kernel
-lays it out, and IPv4-mapped IPv6 addresses (whose text depends on the Python version).
+written otherwise than in decimal or 0x-hex, a malformed field: its code then raises the same
+error) is encoded by its `_element_attrs`; a dump of an interval set (or of a layout not
+plain, or given other than as bytes) is read by a pure `DumpParser` the compiled one holds,
+and so is a message or an element not laid out as the kernel lays it out (the elements of
+both parsers go to one list, in order); IPv4-mapped IPv6 addresses are written by
+`ipaddress` (their text depends on the Python version). `CodecError` and `dump_request` are
+the pure twin's own, so that either twin's errors are caught alike.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
@@ -47,7 +51,44 @@ cdef extern from "<sys/socket.h>" nogil:
 cdef extern from "Python.h":
     bint PyUnicode_IS_COMPACT_ASCII(object o)
 
-ADDR4, ADDR6, PROTO, PORT, MARK, NUMBER, VERDICT = range(7)
+# The pure twin: its constants, its error, the request, and its code for the slow path.
+from lace_proxy.dataplane.nftables._pycodec import (
+    ADDR4,
+    ADDR6,
+    ELEMENTS_LIMIT,
+    MARK,
+    NFNL_MSG_BATCH_BEGIN,
+    NFNL_MSG_BATCH_END,
+    NFNL_SUBSYS_NFTABLES,
+    NFPROTO_INET,
+    NFT_MSG_DELSETELEM,
+    NFT_MSG_GETSETELEM,
+    NFT_MSG_NEWSETELEM,
+    NFT_SET_ELEM_INTERVAL_END,
+    NFTA_SET_ELEM_KEY_END,
+    NLA_F_NESTED,
+    NLA_TYPE_MASK,
+    NLM_F_ACK,
+    NLM_F_CREATE,
+    NLM_F_DUMP,
+    NLM_F_REQUEST,
+    NLMSG_DONE,
+    NLMSG_ERROR,
+    NUMBER,
+    PORT,
+    PROTO,
+    VERDICT,
+    CodecError,
+    DumpParser as _PureDumpParser,
+    _element_attrs,
+    _NFGEN,
+    _NLA,
+    _NLMSG,
+    _nested,
+    _string,
+    dump_request,
+)
+
 IMPLEMENTATION = "compiled"
 
 cdef enum:
@@ -63,217 +104,9 @@ cdef enum:
     TEXT_MAX = 2048  # a fast-path element's text at most
     CHAIN_MAX = 1024
 
-NFNL_SUBSYS_NFTABLES = 10
-NFNL_MSG_BATCH_BEGIN = 0x10
-NFNL_MSG_BATCH_END = 0x11
-NFT_MSG_NEWSETELEM = 12
-NFT_MSG_GETSETELEM = 13
-NFT_MSG_DELSETELEM = 14
-NFPROTO_INET = 1
-NLM_F_REQUEST = 0x1
-NLM_F_ACK = 0x4
-NLM_F_DUMP = 0x300
-NLM_F_CREATE = 0x400
-NLMSG_ERROR = 2
-NLMSG_DONE = 3
-NLA_F_NESTED = 0x8000
-NLA_TYPE_MASK = 0x3FFF
-NFT_SET_ELEM_INTERVAL_END = 1
-NFTA_SET_ELEM_KEY_END = 10
-ELEMENTS_LIMIT = 0xFFFF - 1024
-
 cdef Py_ssize_t C_ELEMENTS_LIMIT = 0xFFFF - 1024
 
-_PROTOCOLS = {"tcp": 6, "udp": 17, "sctp": 132}
-_PROTOCOL_NAMES = {v: k for k, v in _PROTOCOLS.items()}
-_VERDICTS = {"drop": 0, "accept": 1, "continue": -1, "return": -5}
-_VERDICT_NAMES = {v: k for k, v in _VERDICTS.items()}
-_JUMPS = {"jump": -3, "goto": -4}
-_JUMP_NAMES = {v: k for k, v in _JUMPS.items()}
-_SIZES = {ADDR4: 4, ADDR6: 16, PROTO: 1, PORT: 2, MARK: 4, NUMBER: 4}
-_NLMSG = struct.Struct("=IHHII")
-_NFGEN = struct.Struct("=BBH")
-_NLA = struct.Struct("=HH")
-_U32 = struct.Struct("=I")
-_BE32 = struct.Struct(">I")
-
 cdef int[6] C_SIZES = [4, 16, 1, 2, 4, 4]
-
-
-class CodecError(ValueError):
-    """An element the layout cannot hold, or a message the parser cannot read."""
-
-
-# --- The pure twin's code: the path for anything off the common one -----------------------
-
-
-def _attr(kind, payload):
-    pad = -len(payload) % 4
-    return _NLA.pack(4 + len(payload), kind) + payload + b"\0" * pad
-
-
-def _nested(kind, payload):
-    return _NLA.pack(4 + len(payload), kind | NLA_F_NESTED) + payload
-
-
-def _string(kind, text):
-    return _attr(kind, text.encode() + b"\0")
-
-
-def _field(code, token, end):
-    if code in (ADDR4, ADDR6):
-        first, sep, last = token.partition("-")
-        try:
-            if sep:
-                text = last if end else first
-                value = ipaddress.ip_address(text)
-            elif "/" in token:
-                net = ipaddress.ip_network(token, strict=False)
-                value = net.broadcast_address if end else net.network_address
-            else:
-                value = ipaddress.ip_address(token)
-        except ValueError as error:  # ipaddress's: not the layout's CodecError
-            raise CodecError(str(error)) from None
-        if value.version != (4 if code == ADDR4 else 6):
-            raise CodecError(f"{token!r} is not an IPv{4 if code == ADDR4 else 6} address")
-        return value.packed
-    if code == PROTO:
-        number = _PROTOCOLS.get(token)
-        if number is None:
-            number = _integer(token, 0xFF)
-        return bytes((number,))
-    if code == PORT:
-        return _integer(token, 0xFFFF).to_bytes(2, "big")
-    if code in (MARK, NUMBER):
-        return _U32.pack(_integer(token, 0xFFFFFFFF))
-    raise CodecError(f"unknown field code {code}")
-
-
-def _integer(token, limit):
-    try:
-        value = int(token, 0)
-    except ValueError:
-        raise CodecError(f"{token!r} is not a number") from None
-    if not 0 <= value <= limit:
-        raise CodecError(f"{token!r} is out of range")
-    return value
-
-
-def _value(fields, text, end=False):
-    tokens = text.split(" . ")
-    if len(tokens) != len(fields):
-        raise CodecError(f"{text!r} has {len(tokens)} fields, not {len(fields)}")
-    if len(fields) == 1:
-        return _field(fields[0], tokens[0], end)
-    out = b""
-    for code, token in zip(fields, tokens, strict=True):
-        raw = _field(code, token, end)
-        out += raw + b"\0" * (-len(raw) % 4)
-    return out
-
-
-def _verdict(text):
-    verb, _, chain = text.partition(" ")
-    if verb in _JUMPS and chain:
-        body = _attr(1, _BE32.pack(_JUMPS[verb] & 0xFFFFFFFF)) + _string(2, chain)
-    elif verb in _VERDICTS and not chain:
-        body = _attr(1, _BE32.pack(_VERDICTS[verb] & 0xFFFFFFFF))
-    else:
-        raise CodecError(f"{text!r} is not a verdict")
-    return _nested(2, body)
-
-
-def _increment(raw):
-    value = int.from_bytes(raw, "big") + 1
-    if value >> (8 * len(raw)):
-        return None
-    return value.to_bytes(len(raw), "big")
-
-
-def _flags(value):
-    return _attr(3, _BE32.pack(value))
-
-
-def _element_attrs(key, data, interval, element, delete):
-    key_text, sep, data_text = element.partition(" : ")
-    if data and not delete and not sep:
-        raise CodecError(f"{element!r} has no data")
-    if data and not delete:
-        payload = _verdict(data_text) if data[0] == VERDICT else _attr(1, _value(data, data_text))
-        data_attr = _nested(2, payload)
-    else:
-        data_attr = b""
-    start = _value(key, key_text)
-    if not interval:
-        return [_nested(1, _attr(1, start)) + data_attr]
-    if len(key) > 1:
-        end = _value(key, key_text, end=True)
-        return [
-            _nested(1, _attr(1, start)) + _nested(NFTA_SET_ELEM_KEY_END, _attr(1, end)) + data_attr
-        ]
-    out = [_nested(1, _attr(1, start)) + data_attr]
-    after = _increment(_value(key, key_text, end=True))
-    if after is not None:
-        out.append(_nested(1, _attr(1, after)) + _flags(NFT_SET_ELEM_INTERVAL_END))
-    return out
-
-
-def _attrs(data, start, end):
-    out = {}
-    while start + 4 <= end:
-        length, kind = _NLA.unpack_from(data, start)
-        if length < 4:
-            break
-        out[kind & NLA_TYPE_MASK] = (start + 4, start + length)
-        start += (length + 3) & ~3
-    return out
-
-
-def _format_field(code, raw):
-    if code in (ADDR4, ADDR6):
-        return str(ipaddress.ip_address(raw))
-    if code == PROTO:
-        return _PROTOCOL_NAMES.get(raw[0], str(raw[0]))
-    if code == PORT:
-        return str(int.from_bytes(raw[:2], "big"))
-    if code == MARK:
-        return f"{_U32.unpack_from(raw)[0]:#010x}"
-    if code == NUMBER:
-        return str(_U32.unpack_from(raw)[0])
-    raise CodecError(f"unknown field code {code}")
-
-
-def _format_range(code, first, last):
-    if first == last or code not in (ADDR4, ADDR6):
-        return _format_field(code, first)
-    low, high = int.from_bytes(first, "big"), int.from_bytes(last, "big")
-    span = high - low + 1
-    bits = 8 * len(first)
-    if span & (span - 1) == 0 and low % span == 0:
-        return f"{ipaddress.ip_address(first)}/{bits - span.bit_length() + 1}"
-    return f"{ipaddress.ip_address(first)}-{ipaddress.ip_address(last)}"
-
-
-def _split(fields, raw):
-    if len(fields) == 1:
-        return [raw[: _SIZES[fields[0]]]]
-    out = []
-    at = 0
-    for code in fields:
-        size = _SIZES[code]
-        out.append(raw[at : at + size])
-        at += (size + 3) & ~3
-    return out
-
-
-def dump_request(table, container, sequence):
-    """A NFT_MSG_GETSETELEM dump request for every element of `container`."""
-    body = _string(1, table) + _string(2, container)
-    kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETSETELEM
-    header = _NLMSG.pack(
-        _NLMSG.size + _NFGEN.size + len(body), kind, NLM_F_REQUEST | NLM_F_DUMP, sequence, 0
-    )
-    return header + _NFGEN.pack(NFPROTO_INET, 0, 0) + body
 
 
 # --- C helpers -----------------------------------------------------------------------------
@@ -941,11 +774,10 @@ cdef class Batch:
 cdef class DumpParser:
     """Reads a GETSETELEM dump's answers into elements in the renderer's text."""
 
+    cdef object _pure  # the pure twin's parser: the slow path, sharing `_out`
     cdef tuple _key
     cdef tuple _data
-    cdef object _interval
     cdef list _out
-    cdef list _bounds  # (key, is end, data): a one-field interval set's
     cdef public object done
     cdef bint _fast  # not an interval set, every field a plain one: elements read in C
     cdef bint _verdict
@@ -956,11 +788,11 @@ cdef class DumpParser:
     cdef char _text[TEXT_MAX]
 
     def __init__(self, key, data, interval):
-        self._key = tuple(key)
-        self._data = tuple(data)
-        self._interval = interval
-        self._out = []
-        self._bounds = []
+        self._pure = _PureDumpParser(key, data, interval)
+        self._key = self._pure._key
+        self._data = self._pure._data
+        # One list of elements: those read here and those the pure parser reads, in order.
+        self._out = self._pure._out
         self.done = False
         self._fast = not interval and _layout_codes(self._key, self._key_codes, &self._key_count)
         self._verdict = False
@@ -979,8 +811,8 @@ cdef class DumpParser:
         cdef Py_ssize_t n, offset = 0, end
         cdef uint32_t length
         cdef uint16_t kind
-        if type(data) is not bytes:
-            return self._feed_py(data)
+        if not self._fast or type(data) is not bytes:
+            return self._feed_pure(data)
         buf = <const unsigned char*>PyBytes_AS_STRING(data)
         n = PyBytes_GET_SIZE(data)
         while offset + 16 <= n:
@@ -996,10 +828,10 @@ cdef class DumpParser:
                 if code:
                     raise OSError(code, f"set element dump refused: {os.strerror(code)}")
             elif kind & 0xFF == NFT_MSG_NEWSETELEM:
-                if self._fast and end <= n:
+                if end <= n:
                     self._message_c(data, buf, offset + 20, end)
                 else:
-                    self._message(data, offset + 20, end)
+                    self._pure._message(data, offset + 20, end)
             offset += (<Py_ssize_t>length + 3) & ~(<Py_ssize_t>3)
         return self.done
 
@@ -1020,7 +852,7 @@ cdef class DumpParser:
         if first < 0:
             return 0
         if last > end:  # not as the kernel writes it: the pure twin's reading
-            self._message(data, start, end)
+            self._pure._message(data, start, end)
             return 0
         while first + 4 <= last:
             length = _u16(buf + first)
@@ -1030,7 +862,7 @@ cdef class DumpParser:
             if first + length <= last:
                 done = self._element_c(buf, first + 4, first + length)
             if not done:
-                self._element(data, first + 4, first + length)
+                self._pure._element(data, first + 4, first + length)
             first += _align4(length)
         return 0
 
@@ -1146,120 +978,15 @@ cdef class DumpParser:
             at += _align4(width)
         return n
 
-    # The pure twin's reading: for interval sets and anything not as the kernel writes it.
-
-    def _feed_py(self, data):
-        offset = 0
-        while offset + _NLMSG.size <= len(data):
-            length, kind, _, _, _ = _NLMSG.unpack_from(data, offset)
-            if length < _NLMSG.size:
-                raise CodecError("truncated netlink message")
-            if kind == NLMSG_DONE:
-                self.done = True
-            elif kind == NLMSG_ERROR:
-                code = -struct.unpack_from("=i", data, offset + _NLMSG.size)[0]
-                if code:
-                    raise OSError(code, f"set element dump refused: {os.strerror(code)}")
-            elif kind & 0xFF == NFT_MSG_NEWSETELEM:
-                self._message(data, offset + _NLMSG.size + _NFGEN.size, offset + length)
-            offset += (length + 3) & ~3
-        return self.done
-
-    def _message(self, data, start, end):
-        top = _attrs(data, start, end)
-        if 3 not in top:
-            return
-        first, last = top[3]
-        while first + 4 <= last:
-            length, _ = _NLA.unpack_from(data, first)
-            if length < 4:
-                break
-            self._element(data, first + 4, first + length)
-            first += (length + 3) & ~3
-
-    def _element(self, data, start, end):
-        attrs = _attrs(data, start, end)
-        flags = 0
-        if 3 in attrs:
-            flags = _BE32.unpack_from(data, attrs[3][0])[0]
-        key = self._value(data, attrs.get(1))
-        value = self._data_text(data, attrs.get(2)) if self._data else ""
-        if self._interval and len(self._key) == 1:
-            self._bounds.append((key, bool(flags & NFT_SET_ELEM_INTERVAL_END), value))
-            return
-        if self._interval:
-            last = (
-                self._value(data, attrs.get(NFTA_SET_ELEM_KEY_END))
-                if NFTA_SET_ELEM_KEY_END in attrs
-                else key
-            )
-            text = " . ".join(
-                _format_range(code, a, b)
-                for code, a, b in zip(
-                    self._key, _split(self._key, key), _split(self._key, last), strict=True
-                )
-            )
-        else:
-            text = " . ".join(
-                _format_field(code, raw)
-                for code, raw in zip(self._key, _split(self._key, key), strict=True)
-            )
-        self._out.append(f"{text} : {value}" if self._data else text)
-
-    @staticmethod
-    def _value(data, where):
-        if where is None:
-            raise CodecError("element without a key")
-        inner = _attrs(data, *where)
-        if 1 not in inner:
-            raise CodecError("key without a value")
-        return data[inner[1][0] : inner[1][1]]
-
-    def _data_text(self, data, where):
-        if where is None:
-            return ""
-        inner = _attrs(data, *where)
-        if self._data[0] != VERDICT:
-            raw = data[inner[1][0] : inner[1][1]] if 1 in inner else b""
-            return " . ".join(
-                _format_field(code, part)
-                for code, part in zip(self._data, _split(self._data, raw), strict=True)
-            )
-        if 2 not in inner:
-            return ""
-        verdict = _attrs(data, *inner[2])
-        code = struct.unpack_from(">i", data, verdict[1][0])[0]
-        if code in _JUMP_NAMES and 2 in verdict:
-            first, last = verdict[2]
-            chain = data[first:last].rstrip(b"\0").decode()
-            return f"{_JUMP_NAMES[code]} {chain}"
-        return _VERDICT_NAMES.get(code, str(code))
+    cdef object _feed_pure(self, object data):
+        """The pure twin's reading of a whole `recv` (interval sets, a layout not plain, data
+        not bytes): its elements appended to the same list."""
+        self._pure.done = self.done
+        try:
+            return self._pure.feed(data)
+        finally:
+            self.done = self._pure.done
 
     def result(self):
         """The elements parsed (a one-field interval set's start and end paired)."""
-        if not self._bounds:
-            return self._out
-        bits = 8 * _SIZES[self._key[0]]
-        top = (1 << bits) - 1
-        # An end at K and a start at K: the end closes the interval before.
-        ordered = sorted(self._bounds, key=lambda b: (b[0], not b[1]))
-        out = list(self._out)
-        opened = None
-        for key, is_end, value in ordered:
-            if is_end:
-                if opened is not None:
-                    last = (int.from_bytes(key, "big") - 1).to_bytes(len(key), "big")
-                    out.append(self._interval_text(opened[0], last, opened[1]))
-                opened = None
-            else:
-                if opened is not None:  # a start with no end: runs to the next start
-                    last = (int.from_bytes(key, "big") - 1).to_bytes(len(key), "big")
-                    out.append(self._interval_text(opened[0], last, opened[1]))
-                opened = (key, value)
-        if opened is not None:
-            out.append(self._interval_text(opened[0], top.to_bytes(bits // 8, "big"), opened[1]))
-        return out
-
-    def _interval_text(self, first, last, value):
-        text = _format_range(self._key[0], first, last)
-        return f"{text} : {value}" if self._data else text
+        return self._pure.result()

@@ -687,6 +687,16 @@ def test_the_twins_share_their_surface(compiled: ModuleType) -> None:
             module.dump_request("t", "s", 2**32)
 
 
+def test_the_twins_raise_one_codec_error(compiled: ModuleType) -> None:
+    """One class: a caller catching `codec.CodecError` catches what either twin raises."""
+    assert compiled.CodecError is _pycodec.CodecError
+    assert codec.CodecError is _pycodec.CodecError
+    with pytest.raises(_pycodec.CodecError):
+        compiled.Batch("t", 1).elements(False, "s", (ADDR4,), (), False, ["10.0.0.1/33"])
+    with pytest.raises(_pycodec.CodecError):
+        compiled.DumpParser((ADDR4,), (), False).feed(NLMSG.pack(12, 0x0A0C, 2, 1, 0))
+
+
 def test_codec_picks_a_twin() -> None:
     assert codec.IMPLEMENTATION in ("pure", "compiled")
     assert codec.Batch.__module__.endswith(
