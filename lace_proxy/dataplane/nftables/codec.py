@@ -15,7 +15,7 @@ import re
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:  # both twins have the pure one's API (a test holds them equal)
-    from lace_proxy.dataplane.nftables import _pycodec as _twin
+    import lace_proxy.dataplane.nftables._pycodec as _twin
 else:
 
     def _chosen():
