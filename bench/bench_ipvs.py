@@ -28,7 +28,8 @@ A discarded warm-up (50 services, both modes) first makes the kernel load its nf
 modules. `ipvsadm -Ln` and the dummy's addresses are counted after the cold sync and compared
 with what IPVS mode's `Wanted` says. A cold sync or resync still running after `--timeout` s is
 interrupted; the report gives what was programmed by then and the rate-based prediction (at
-10k services the IPVS cold sync takes ~14 min in the VM: the default timeout interrupts it).
+10k services the IPVS cold sync took ~14 min in the VM before the IPVS codec, ~2.5 min since,
+most of it the dummy interface's addresses).
 `--profile` adds a cProfile run of the IPVS cold sync at the smallest size. `--worker` alone
 runs the measurement on the machine it is started on (root, a kernel with IPVS) and prints
 the JSON result line.
