@@ -2,15 +2,17 @@
 
 As kube-proxy's IPVS mode: every ClusterIP, ExternalIP and load-balancer IP is an address of
 a dummy interface (`lace-ipvs0`, kept down), so packets to it are delivered locally, where
-IPVS picks a real server and translates (NAT forwarding, set explicitly: pyroute2 defaults
-to direct routing). A NodePort is a virtual service on each node address. nftables keeps its
+IPVS picks a real server and translates (NAT forwarding, as the IPVS codec asks for every
+real server). A NodePort is a virtual service on each node address. nftables keeps its
 table with translation switched off (`NftablesSettings.translate`): access control (the Lace
 network model), reject/drop for services without (local) endpoints, source ranges,
 masquerade marks and hairpin, and a filter that keeps other ports of service addresses away
 from the node's own sockets.
 
-Sync is a diff against what IPVS holds (a dump), never a flush, so a restart adopts the
-previous process's services and established connections carry on. A new address goes
+Sync is a diff against what IPVS holds (dumps), never a flush, so a restart adopts the
+previous process's services and established connections carry on. What a sync changes goes
+to the kernel in batches (`netlink.IpvsChannel`): one for the virtual and real servers, one
+for the drained real servers' deletions, and the UDP move's own. A new address goes
 onto the dummy interface only once IPVS holds its virtual services with their real servers
 (`_add_to_dummy`), so a frontend is never the node's own without them. A real server that
 leaves is first set to weight 0 (no new connections) and deleted once its connections have
