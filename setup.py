@@ -1,4 +1,4 @@
-"""Build the compiled cores from ext/*.pyx: the service table and the nf_tables codec.
+"""Build the compiled cores from ext/*.pyx: the service table, the nf_tables and IPVS codecs.
 
 Set LACE_PROXY_NO_EXTENSIONS=1 to install the pure-Python twin only (no compiler needed).
 """
@@ -17,6 +17,7 @@ else:
         [
             Extension("lace_proxy.table._ctable", ["ext/table.pyx"]),
             Extension("lace_proxy.dataplane.nftables._ccodec", ["ext/nftcodec.pyx"]),
+            Extension("lace_proxy.dataplane.ipvs._ccodec", ["ext/ipvscodec.pyx"]),
         ],
         compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False},
     )

@@ -28,7 +28,8 @@ A discarded warm-up (50 services, both modes) first makes the kernel load its nf
 modules. `ipvsadm -Ln` and the dummy's addresses are counted after the cold sync and compared
 with what IPVS mode's `Wanted` says. A cold sync or resync still running after `--timeout` s is
 interrupted; the report gives what was programmed by then and the rate-based prediction (at
-10k services the IPVS cold sync takes ~14 min in the VM: the default timeout interrupts it).
+10k services the IPVS cold sync took ~14 min in the VM before the IPVS codec, ~2.5 min since,
+most of it the dummy interface's addresses).
 `--profile` adds a cProfile run of the IPVS cold sync at the smallest size. `--worker` alone
 runs the measurement on the machine it is started on (root, a kernel with IPVS) and prints
 the JSON result line.
@@ -502,7 +503,10 @@ def host(args: argparse.Namespace) -> int:
     commit = _commit()  # at the start: the measuring processes load the code as it is now
     t0 = time.monotonic()
     try:
-        [result] = run_jobs([Job(argv, cwd=str(REPO))], timeout=deadline)
+        # The guest gets only LACE_PROXY_* from here: without PYTHONPATH, the venv's editable
+        # install would import the checkout it was installed from, not this one.
+        job = Job(argv, {"PYTHONPATH": str(REPO)}, cwd=str(REPO))
+        [result] = run_jobs([job], timeout=deadline)
     except (VmUnavailable, VmError) as exc:
         print(f"bench_ipvs: the VM did not run: {exc}", file=sys.stderr)
         return 2
@@ -699,8 +703,8 @@ def print_report(data: dict[str, Any]) -> None:
                 row += f"{'-':>9}   (IPVS: {_why_not(i)})"
             w(row)
         w(
-            "  dump = reading IPVS back (services over netlink, real servers from /proc/net/ip_vs),"
-            " diff = converging; IPVS ops > 0 means the diff against the dump was not empty"
+            "  dump = reading IPVS back (netlink dumps: the services, each one's real servers), "
+            "diff = converging; IPVS ops > 0 means the diff against the dump was not empty"
         )
     w("")
     w("Sanity after the cold sync: ipvsadm -Ln and the dummy's addresses vs Wanted")

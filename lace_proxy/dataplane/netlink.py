@@ -2,10 +2,11 @@
 
 pyroute2 talks to the kernel one request at a time, each awaited. Where a sync has many
 requests at once, or several that must reach the kernel with nothing in between, they are
-encoded first (conntrack.py encodes conntrack deletions; ipvs/kernel.py real-server changes, through
-pyroute2's message classes), then sent here. The kernel handles a netlink request inside
-the `send` that carries it, so once `send_together` returns, every request has been carried
-out and its answer (an error, or an acknowledgement if asked for) waits on the socket.
+encoded first (conntrack.py encodes conntrack deletions; the IPVS codec, through
+ipvs/netlink.py, virtual and real servers), then sent here. The kernel handles a netlink
+request inside the `send` that carries it, so once `send_together` returns, every request has
+been carried out and its answer (an error, or an acknowledgement if asked for) waits on the
+socket.
 """
 
 from __future__ import annotations

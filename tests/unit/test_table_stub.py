@@ -1,5 +1,6 @@
 """The compiled table's stub (`lace_proxy/table/_ctable.pyi`) is held to both twins, and so
-is the compiled nf_tables codec's (`lace_proxy/dataplane/nftables/_ccodec.pyi`).
+are the compiled nf_tables and IPVS codecs' (`lace_proxy/dataplane/nftables/_ccodec.pyi`,
+`lace_proxy/dataplane/ipvs/_ccodec.pyi`).
 
 mypy's stubtest checks each against its compiled module (every public name, signature and
 property); the pure twin is held to it here by names and parameter names. mypy, in the lint
@@ -19,11 +20,13 @@ from types import ModuleType
 
 import pytest
 
+from lace_proxy.dataplane.ipvs import _pycodec as _pyipvscodec
 from lace_proxy.dataplane.nftables import _pycodec
 from lace_proxy.table import _pytable, changeset
 
 STUB = Path(_pytable.__file__).with_name("_ctable.pyi")
 CODEC_STUB = Path(_pycodec.__file__).with_name("_ccodec.pyi")
+IPVS_CODEC_STUB = Path(_pyipvscodec.__file__).with_name("_ccodec.pyi")
 ROOT = Path(__file__).resolve().parents[2]
 
 #: What Cython adds to every module and extension type: pickling support, doctest's table.
@@ -60,7 +63,12 @@ def _public(members: dict[str, list[str] | None]) -> dict[str, list[str] | None]
 
 
 @pytest.mark.parametrize(
-    "module", ["lace_proxy.table._ctable", "lace_proxy.dataplane.nftables._ccodec"]
+    "module",
+    [
+        "lace_proxy.table._ctable",
+        "lace_proxy.dataplane.nftables._ccodec",
+        "lace_proxy.dataplane.ipvs._ccodec",
+    ],
 )
 def test_stub_matches_the_compiled_module(tmp_path: Path, module: str) -> None:
     if importlib.util.find_spec(module) is None:
@@ -156,6 +164,41 @@ def test_codec_stub_names_what_the_pure_twin_has() -> None:
         cls = getattr(_pycodec, name)
         methods = {k for k, v in members.items() if v is not None}
         assert methods == {k for k in vars(cls) if k in methods or not k.startswith("_")}, name
+        for member, params in members.items():
+            if params is None:  # an attribute: the pure twin sets it on each instance
+                assert hasattr(instances[name], member), f"{name}.{member}"
+            else:
+                signature = inspect.signature(getattr(cls, member))
+                assert list(signature.parameters) == params, f"{name}.{member}"
+
+
+def test_ipvs_codec_stub_names_what_the_pure_twin_has() -> None:
+    tree = ast.parse(IPVS_CODEC_STUB.read_text())
+    names = {
+        n.target.id
+        for n in tree.body
+        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+    } | {n.name for n in tree.body if isinstance(n, ast.ClassDef | ast.FunctionDef)}
+    assert names == _module_names(_pyipvscodec)
+    for function in (_pyipvscodec.services_request, _pyipvscodec.servers_request):
+        assert list(inspect.signature(function).parameters) == [
+            a.arg
+            for n in tree.body
+            if isinstance(n, ast.FunctionDef) and n.name == function.__name__
+            for a in n.args.args
+        ]
+    stub = _stub_classes(IPVS_CODEC_STUB)
+    assert set(stub) == {"CodecError", "Requests", "ServerDump", "ServiceDump"}
+    instances = {
+        "Requests": _pyipvscodec.Requests(0x10, 1),
+        "ServerDump": _pyipvscodec.ServerDump(4),
+        "ServiceDump": _pyipvscodec.ServiceDump(),
+    }
+    for name, members in stub.items():
+        cls = getattr(_pyipvscodec, name)
+        methods = {k for k, v in members.items() if v is not None}
+        public = {k for k in dir(cls) if not k.startswith("_") and callable(getattr(cls, k))}
+        assert methods - {"__init__", "__len__"} == public - set(dir(ValueError)), name
         for member, params in members.items():
             if params is None:  # an attribute: the pure twin sets it on each instance
                 assert hasattr(instances[name], member), f"{name}.{member}"

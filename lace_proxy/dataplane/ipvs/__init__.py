@@ -1,7 +1,9 @@
 """IPVS mode (`mode: ipvs`): IPVS load-balances, nftables does everything else.
 
 - `model`: virtual services and what each should be, from plans (no kernel access).
-- `kernel`: IPVS, the dummy interface and sysctls through netlink; IPVS's table read back.
+- `codec`: IPVS requests and dump answers as netlink messages (compiled, or its pure twin).
+- `netlink`: `IpvsChannel`, batches of requests to IPVS and dumps back; refusals named.
+- `kernel`: IPVS's table read back, its timeouts, the dummy interface and sysctls.
 - `backend`: `IpvsBackend`, the Dataplane (base.py): sync by diff against the kernel.
 - `report`: `lace-proxy kernel`'s report of what IPVS holds against the table.
 """

@@ -2,15 +2,17 @@
 
 As kube-proxy's IPVS mode: every ClusterIP, ExternalIP and load-balancer IP is an address of
 a dummy interface (`lace-ipvs0`, kept down), so packets to it are delivered locally, where
-IPVS picks a real server and translates (NAT forwarding, set explicitly: pyroute2 defaults
-to direct routing). A NodePort is a virtual service on each node address. nftables keeps its
+IPVS picks a real server and translates (NAT forwarding, as the IPVS codec asks for every
+real server). A NodePort is a virtual service on each node address. nftables keeps its
 table with translation switched off (`NftablesSettings.translate`): access control (the Lace
 network model), reject/drop for services without (local) endpoints, source ranges,
 masquerade marks and hairpin, and a filter that keeps other ports of service addresses away
 from the node's own sockets.
 
-Sync is a diff against what IPVS holds (a dump), never a flush, so a restart adopts the
-previous process's services and established connections carry on. A new address goes
+Sync is a diff against what IPVS holds (dumps), never a flush, so a restart adopts the
+previous process's services and established connections carry on. What a sync changes goes
+to the kernel in batches (`netlink.IpvsChannel`): one for the virtual and real servers, one
+for the drained real servers' deletions, and the UDP move's own. A new address goes
 onto the dummy interface only once IPVS holds its virtual services with their real servers
 (`_add_to_dummy`), so a frontend is never the node's own without them. A real server that
 leaves is first set to weight 0 (no new connections) and deleted once its connections have
@@ -31,7 +33,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from pyroute2 import IPVS, IPRoute
-from pyroute2.netlink.generic import ipvs as genl_ipvs
 
 from lace_proxy.dataplane.base import NO_NETWORKS
 from lace_proxy.dataplane.conntrack import delete_requests
@@ -45,12 +46,8 @@ from lace_proxy.dataplane.ipvs.model import (
     Wanted,
     addresses_of,
 )
-from lace_proxy.dataplane.netlink import (
-    NETLINK_GENERIC,
-    NETLINK_NETFILTER,
-    NetlinkSocket,
-    send_together,
-)
+from lace_proxy.dataplane.ipvs.netlink import Batch, IpvsChannel
+from lace_proxy.dataplane.netlink import NETLINK_NETFILTER, NetlinkSocket, send_together
 from lace_proxy.dataplane.nft import enter_netns
 from lace_proxy.dataplane.nftables import NftablesBackend
 from lace_proxy.networks.graph import NetworkLayout
@@ -58,6 +55,8 @@ from lace_proxy.table import Changeset, Plan
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+#: Refusals of one batch logged one by one; the rest are counted.
+LOGGED = 50
 
 
 class IpvsBackend:
@@ -88,6 +87,7 @@ class IpvsBackend:
         # Real servers draining at weight 0, with their deadlines, per virtual service.
         self._terminating: dict[VirtualServer, dict[tuple[str, int], float]] = {}
         self.last_changes = 0  # IPVS and address operations of the last sync (0: converged)
+        self._channel: IpvsChannel | None = None  # made on the kernel's thread, kept
 
     # -- the Dataplane protocol --
 
@@ -127,8 +127,7 @@ class IpvsBackend:
         """What IPVS holds (ours and others'), for the CLI and tests."""
 
         def dump() -> dict[VirtualServer, Target]:
-            with IPVS() as ipvs:
-                return {vs: target for vs, (target, _) in kernel.dump(ipvs).items()}
+            return {vs: target for vs, (target, _) in kernel.dump(self._ipvs()).items()}
 
         return self._run(dump)
 
@@ -143,8 +142,7 @@ class IpvsBackend:
                 index = int(links[0]) if links else -1
                 dummy = kernel.held_addresses(ipr, index) if links else set()
                 nodes = self._local_addresses(ipr, index)
-            with IPVS() as ipvs:
-                held = kernel.read(ipvs)
+            held = kernel.read(self._ipvs())
             services = {vs: kernel.target(vs_held) for vs, vs_held in held.items()}
             details = {vs: servers for vs, (_, _, servers) in held.items()}
             return KernelView(services, details, frozenset(dummy), nodes)
@@ -167,8 +165,26 @@ class IpvsBackend:
 
     def _run(self, fn: Callable[..., T], *args: Any) -> T:
         if self._worker is None:
+            return self._guarded(fn, *args)
+        return self._worker.submit(self._guarded, fn, *args).result()
+
+    def _guarded(self, fn: Callable[..., T], *args: Any) -> T:
+        try:
             return fn(*args)
-        return self._worker.submit(fn, *args).result()
+        except OSError:  # the IPVS socket may be what failed: the next call makes a new one
+            self._close_channel()
+            raise
+
+    def _ipvs(self) -> IpvsChannel:
+        """The IPVS channel, made on first use in the kernel's thread (its namespace)."""
+        if self._channel is None:
+            self._channel = IpvsChannel()
+        return self._channel
+
+    def _close_channel(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
 
     def _reconcile(self, plans: list[Plan]) -> int:
         kernel.write_sysctls({**SYSCTLS, **(STRICT_ARP if self.settings.strict_arp else {})})
@@ -191,23 +207,23 @@ class IpvsBackend:
         desired = wanted.desired()
         now = self._clock()
         count = 0
-        with IPVS() as ipvs:
-            held_services = {}
-            ours = set(refs) | held  # also the addresses of services deleted meanwhile
-            for vs, (target, draining) in kernel.dump(ipvs).items():
-                # Ours: by address, wanted now, or made by this process (e.g. a NodePort on
-                # an address the node no longer has).
-                made = vs in self._programmed and not self._excluded(vs.address)
-                if vs in desired or self._owns(vs, ours) or made:
-                    held_services[vs] = target
-                    for server in draining:  # e.g. left by a previous process: finish them
-                        self._terminating.setdefault(vs, {}).setdefault(
-                            server, now + self.settings.grace_period
-                        )
-            try:
-                count += self._converge(ipvs, held_services, desired)
-            finally:
-                count += self._add_to_dummy(set(refs) - held)
+        channel = self._ipvs()
+        held_services = {}
+        ours = set(refs) | held  # also the addresses of services deleted meanwhile
+        for vs, (target, draining) in kernel.dump(channel).items():
+            # Ours: by address, wanted now, or made by this process (e.g. a NodePort on an
+            # address the node no longer has).
+            made = vs in self._programmed and not self._excluded(vs.address)
+            if vs in desired or self._owns(vs, ours) or made:
+                held_services[vs] = target
+                for server in draining:  # e.g. left by a previous process: finish them
+                    self._terminating.setdefault(vs, {}).setdefault(
+                        server, now + self.settings.grace_period
+                    )
+        try:
+            count += self._converge(channel, held_services, desired)
+        finally:
+            count += self._add_to_dummy(set(refs) - held)
         self._programmed, self._wanted = desired, wanted
         with IPRoute() as ipr:  # after IPVS: the addresses say which services are ours
             count += kernel.del_addresses(ipr, index, held - set(refs))
@@ -229,11 +245,10 @@ class IpvsBackend:
         vanish = {a for a, d in delta.items() if d < 0 and refs[a] + d <= 0}
         count = 0
         held = {vs: self._programmed[vs] for vs in touched if vs in self._programmed}
-        with IPVS() as ipvs:
-            try:
-                count += self._converge(ipvs, held, after, only=touched)
-            finally:
-                count += self._add_to_dummy(appear)
+        try:
+            count += self._converge(self._ipvs(), held, after, only=touched)
+        finally:
+            count += self._add_to_dummy(appear)
         for vs in touched - set(after):
             self._programmed.pop(vs, None)
         self._programmed.update(after)
@@ -262,51 +277,69 @@ class IpvsBackend:
 
     def _converge(
         self,
-        ipvs: Any,
+        channel: IpvsChannel,
         held: dict[VirtualServer, Target],
         desired: dict[VirtualServer, Target],
         only: set[VirtualServer] | None = None,
     ) -> int:
         """Make the virtual services in `held` (ours; all of them, or those in `only`) look
-        like `desired`, then finish real servers whose draining is over."""
-        count = 0
+        like `desired` (one batch of requests; what the kernel refuses stops nothing else),
+        then finish real servers whose draining is over."""
         now = self._clock()
         failed: list[str] = []
         udp_gone: list[tuple[VirtualServer, tuple[str, int]]] = []
+        zeroed: dict[int, tuple[VirtualServer, tuple[str, int]]] = {}
+        batch = channel.batch()
         for vs, want in desired.items():
-            try:
-                count += self._converge_one(ipvs, vs, held.get(vs), want, now, udp_gone)
-            except RuntimeError as exc:  # one service the kernel refuses stops no other
-                failed.append(str(exc))
-        count += self._remove_udp(ipvs, udp_gone, failed)
-        for vs, have in held.items():
+            self._plan(batch, vs, held.get(vs), want, udp_gone, zeroed)
+        for vs in held:
             if vs in desired or (only is not None and vs not in only):
                 continue
             self._terminating.pop(vs, None)
-            try:
-                kernel.call(ipvs.service, "del", service=kernel.service(vs, have))
-                count += 1
-            except RuntimeError as exc:
-                failed.append(str(exc))
-        for vs in sorted(self._terminating):
-            draining = self._terminating[vs]
-            conns = kernel.connections(ipvs, vs)
-            for server in sorted(draining):
-                if conns.get(server, 0) == 0 or now >= draining[server]:
-                    del draining[server]
-                    if server in conns:
-                        kernel.call(
-                            ipvs.dest, "del", service=kernel.key(vs), dest=kernel.dest(server, 0)
-                        )
-                        count += 1
-            if not draining:
-                del self._terminating[vs]
+            batch.delete_service(vs)
+        refused = self._send(channel, batch, failed)
+        for sequence, (vs, server) in zeroed.items():
+            if sequence not in refused:  # no new connections; deleted once drained
+                self._terminating.setdefault(vs, {})[server] = now + self.settings.grace_period
+        count = len(batch) - len(refused)
+        count += self._remove_udp(channel, udp_gone, failed)
+        count += self._finish_draining(channel, now, failed)
         if failed:  # the others are programmed; the sync counts as failed and is retried
             raise RuntimeError(f"{len(failed)} IPVS operations failed: {'; '.join(failed[:3])}")
         return count
 
+    def _send(self, channel: IpvsChannel, batch: Batch, failed: list[str]) -> set[int]:
+        """Send a batch; each refusal is logged (naming what it asked) and added to
+        `failed`. Returns the refused requests' sequence numbers."""
+        refused = channel.send(batch)
+        for refusal in refused[:LOGGED]:
+            log.error("%s", refusal)
+        if len(refused) > LOGGED:
+            log.error("IPVS: %d more requests of that batch refused", len(refused) - LOGGED)
+        failed += map(str, refused)
+        return {r.sequence for r in refused}
+
+    def _finish_draining(self, channel: IpvsChannel, now: float, failed: list[str]) -> int:
+        """Delete the real servers whose draining is over (no connection left, or past their
+        deadline): a dump of each virtual service that has any, then one batch."""
+        batch = channel.batch()
+        for vs in sorted(self._terminating):
+            draining = self._terminating[vs]
+            conns = kernel.connections(channel, vs)
+            for server in sorted(draining):
+                if conns.get(server, 0) == 0 or now >= draining[server]:
+                    del draining[server]
+                    if server in conns:
+                        batch.delete_server(vs, server)
+            if not draining:
+                del self._terminating[vs]
+        return len(batch) - len(self._send(channel, batch, failed))
+
     def _remove_udp(
-        self, ipvs: Any, gone: list[tuple[VirtualServer, tuple[str, int]]], failed: list[str]
+        self,
+        channel: IpvsChannel,
+        gone: list[tuple[VirtualServer, tuple[str, int]]],
+        failed: list[str],
     ) -> int:
         """Delete UDP real servers at once (no graceful termination for UDP, as kube-proxy):
         a flow's next packet then finds its connection's server gone and is balanced anew.
@@ -319,85 +352,82 @@ class IpvsBackend:
         2. The replies on their way from those servers are rescued (nftables translates
            them once IPVS no longer does), and the flows' deletion requests are encoded.
         3. With nothing in between (netlink.send_together): the flows' entries are deleted,
-           the servers, then the flows' entries again (those a packet made in between, sent
-           on to the old server, which is still there). A flow loses a packet only if it
-           sends two inside that moment; streams (conntrack's ASSURED flows) are deleted
-           last the first time and first the second, so theirs is the shortest.
+           the servers (one buffer), then the flows' entries again (those a packet made in
+           between, sent on to the old server, which is still there). A flow loses a packet
+           only if it sends two inside that moment; streams (conntrack's ASSURED flows) are
+           deleted last the first time and first the second, so theirs is the shortest.
         Whatever flow the listing missed is deleted last, by endpoint (`conntrack -D`)."""
         if not gone:
             return 0
-        family = ipvs.prid  # the IPVS generic netlink family's id, as the kernel numbers it
-        with NetlinkSocket(NETLINK_GENERIC, answers=len(gone)) as genl:
-            send_together([(genl, kernel.dest_requests(family, genl_ipvs.IPVS_CMD_SET_DEST, gone))])
-            for (vs, server), why in kernel.refusals(gone, genl.answers()):
-                log.warning("IPVS %s: weight 0 for real server %s refused: %s", vs, server, why)
-            listed = self.nft.rescue_udp_replies([kernel.flows_to(vs, s) for vs, s in gone])
-            # Lone queries first and streams last, then streams first: a flow's moment between
-            # its two deletions is the shorter the nearer it is to the servers' deletion.
-            flows = sorted(listed, key=lambda f: f.assured)
-            first = delete_requests(flows, 1)
-            again = delete_requests(flows[::-1], len(flows) + 1)
-            servers = kernel.dest_requests(family, genl_ipvs.IPVS_CMD_DEL_DEST, gone)
-            with NetlinkSocket(NETLINK_NETFILTER, answers=2 * len(flows)) as ct:
-                started = time.perf_counter()
-                send_together(
-                    [*((ct, c) for c in first), (genl, servers), *((ct, c) for c in again)]
-                )
-                log.debug(
-                    "IPVS: %d UDP real servers and %d flows' entries deleted in %.3f ms",
-                    len(gone),
-                    len(flows),
-                    (time.perf_counter() - started) * 1000,
-                )
-                for sequence, code in ct.answers().items():
-                    if sequence <= len(flows) and code != errno.ENOENT:
-                        log.warning("conntrack: deleting %s failed: %s", flows[sequence - 1], code)
-            refused = kernel.refusals(gone, genl.answers())
-        failed += [f"IPVS del real server {s} of {vs} failed: {c}" for (vs, s), c in refused]
+        weights = channel.batch()
+        for vs, server in gone:
+            weights.change_server(vs, server, 0)
+        for refusal in channel.send(weights):
+            log.warning("%s", refusal)
+        listed = self.nft.rescue_udp_replies([kernel.flows_to(vs, s) for vs, s in gone])
+        # Lone queries first and streams last, then streams first: a flow's moment between
+        # its two deletions is the shorter the nearer it is to the servers' deletion.
+        flows = sorted(listed, key=lambda f: f.assured)
+        first = delete_requests(flows, 1)
+        again = delete_requests(flows[::-1], len(flows) + 1)
+        deletions = channel.batch()
+        for vs, server in gone:
+            deletions.delete_server(vs, server)
+        servers, sequences = channel.whole(deletions)
+        with NetlinkSocket(NETLINK_NETFILTER, answers=2 * len(flows)) as ct:
+            started = time.perf_counter()
+            send_together(
+                [*((ct, c) for c in first), (channel.sock, servers), *((ct, c) for c in again)]
+            )
+            log.debug(
+                "IPVS: %d UDP real servers and %d flows' entries deleted in %.3f ms",
+                len(gone),
+                len(flows),
+                (time.perf_counter() - started) * 1000,
+            )
+            for sequence, code in ct.answers().items():
+                if sequence <= len(flows) and code != errno.ENOENT:
+                    log.warning("conntrack: deleting %s failed: %s", flows[sequence - 1], code)
+        refused = deletions.refusals(channel.sock.replies(), sequences)
+        for refusal in refused:
+            log.error("%s", refusal)
+        failed += map(str, refused)
         if self.nft.conntrack is not None:
             self.nft.conntrack.delete_udp(sorted({kernel.flows_to(None, s) for _, s in gone}))
         return len(gone) - len(refused)
 
-    def _converge_one(
+    def _plan(
         self,
-        ipvs: Any,
+        batch: Batch,
         vs: VirtualServer,
         have: Target | None,
         want: Target,
-        now: float,
         udp_gone: list[tuple[VirtualServer, tuple[str, int]]],
-    ) -> int:
-        """One virtual service to `want`; its UDP real servers to delete go to `udp_gone`."""
-        count = 0
-        service = kernel.service(vs, want)
+        zeroed: dict[int, tuple[VirtualServer, tuple[str, int]]],
+    ) -> None:
+        """One virtual service to `want`, as requests in `batch`: its UDP real servers to
+        delete go to `udp_gone`, the requests setting others to weight 0 to `zeroed`."""
         if have is None:
-            kernel.call(ipvs.service, "add", service=service)
-            count += 1
+            batch.add_service(vs, want)
             have = Target(want.scheduler, want.persistence, frozenset())
         elif (have.scheduler, have.persistence) != (want.scheduler, want.persistence):
-            kernel.call(ipvs.service, "set", service=service)
-            count += 1
+            batch.change_service(vs, want)
         draining = self._terminating.get(vs, {})
         for server in sorted(want.servers - have.servers):
             if not kernel.unicast(server[0]):
                 log.warning("IPVS %s: real server %s is not a unicast address; skipped", vs, server)
                 continue
-            back = draining.pop(server, None) is not None
-            kernel.call(
-                ipvs.dest, "set" if back else "add", service=service, dest=kernel.dest(server, 1)
-            )
-            count += 1
+            if draining.pop(server, None) is not None:  # back before it was deleted
+                batch.change_server(vs, server, 1)
+            else:
+                batch.add_server(vs, server, 1)
         for server in sorted(have.servers - want.servers):
             if vs.protocol == "UDP":
                 udp_gone.append((vs, server))  # deleted at once: _remove_udp
-                continue
-            # No new connections; deleted once drained (below, or at a later sync).
-            kernel.call(ipvs.dest, "set", service=service, dest=kernel.dest(server, 0))
-            self._terminating.setdefault(vs, {})[server] = now + self.settings.grace_period
-            count += 1
+            else:
+                zeroed[batch.change_server(vs, server, 0)] = (vs, server)
         if vs in self._terminating and not self._terminating[vs]:
             del self._terminating[vs]
-        return count
 
     def _owns(self, vs: VirtualServer, dummy_addresses: set[str]) -> bool:
         return self.owns(vs, dummy_addresses, self._node_addresses)
@@ -444,13 +474,17 @@ class IpvsBackend:
             self._node_addresses = self._local_addresses(ipr, links[0] if links else -1, every=True)
             if links:
                 ipr.link("del", index=links[0])
-        count = 0
-        with IPVS() as ipvs:
-            for vs, (target, _) in kernel.dump(ipvs).items():
-                made = vs in self._programmed and not self._excluded(vs.address)
-                if self._owns(vs, dummy_addresses) or made:
-                    kernel.call(ipvs.service, "del", service=kernel.service(vs, target))
-                    count += 1
+        channel = self._ipvs()
+        batch = channel.batch()
+        for vs in kernel.dump(channel):
+            made = vs in self._programmed and not self._excluded(vs.address)
+            if self._owns(vs, dummy_addresses) or made:
+                batch.delete_service(vs)
+        failed: list[str] = []
+        refused = self._send(channel, batch, failed)
+        self._close_channel()  # nothing of ours is left to sync; a later call makes a new one
+        if failed:
+            raise RuntimeError(f"{len(failed)} IPVS operations failed: {'; '.join(failed[:3])}")
         self._programmed.clear()
         self._terminating.clear()
-        return count
+        return len(batch) - len(refused)

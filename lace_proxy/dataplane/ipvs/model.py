@@ -13,7 +13,6 @@ from typing import NamedTuple
 from lace_proxy.table import Backend, Plan
 
 PROTOCOLS = {"TCP": socket.IPPROTO_TCP, "UDP": socket.IPPROTO_UDP, "SCTP": 132}
-MASQUERADE = 0  # IP_VS_CONN_F_MASQ: NAT forwarding
 PERSISTENT = 0x0001  # IP_VS_SVC_F_PERSISTENT
 
 

@@ -71,10 +71,11 @@ def read_ipvs(backend: IpvsBackend) -> KernelView:
     """The backend's kernel view; kernel errors become `IpvsUnreadable` with a clear message."""
     try:
         return backend.inspect()
-    except NetlinkError as exc:
-        if exc.code == errno.ENOENT:  # no IPVS generic-netlink family
+    except (NetlinkError, OSError) as exc:  # pyroute2's (links, addresses), or IPVS's socket
+        code = exc.code if isinstance(exc, NetlinkError) else exc.errno
+        if code == errno.ENOENT:  # no IPVS generic-netlink family
             raise IpvsUnreadable(IPVS_UNAVAILABLE) from exc
-        if exc.code in (errno.EPERM, errno.EACCES):
+        if code in (errno.EPERM, errno.EACCES):
             raise IpvsUnreadable("reading IPVS needs root (CAP_NET_ADMIN)") from exc
         raise IpvsUnreadable(f"cannot read IPVS: {exc}") from exc
     except BrokenExecutor as exc:  # the kernel thread could not enter the namespace

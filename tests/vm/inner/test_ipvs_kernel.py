@@ -55,6 +55,8 @@ def ipvsadm() -> dict[str, tuple[str, list[tuple[str, str, int]]]]:
         if words and words[0] in ("TCP", "UDP", "SCTP"):
             current = []
             services[f"{words[0]} {words[1]}"] = (words[2], current)
+        elif words[:1] == ["FWM"]:  # a fwmark service: its real servers are left out
+            current = []
         elif words[:1] == ["->"] and words[1] != "RemoteAddress:Port":
             current.append((words[1], words[2], int(words[3])))
     return services
@@ -144,12 +146,13 @@ def test_dummy_interface() -> None:
         sh("ip", "link", "del", "lvs-dummy1")
 
 
-def test_proc_reader_agrees_with_netlink_and_ipvsadm(ipvs: IPVS) -> None:
-    """The sync reads real servers from /proc/net/ip_vs in one go (lace-proxy's
-    `kernel.real_servers`): it must say what a netlink dump per virtual service says, for IPv4
-    and IPv6, serving and draining servers, with a fwmark service (not ours) in between."""
+def test_the_read_back_agrees_with_ipvsadm(ipvs: IPVS) -> None:
+    """The sync reads IPVS back with netlink dumps parsed by lace-proxy's codec
+    (`kernel.read`): it must say what `ipvsadm -Ln` says, for IPv4 and IPv6, serving and
+    draining servers, persistence, with a fwmark service (not ours) in between."""
     from lace_proxy.dataplane.ipvs import VirtualServer
-    from lace_proxy.dataplane.ipvs.kernel import dests, read, real_server
+    from lace_proxy.dataplane.ipvs.kernel import read
+    from lace_proxy.dataplane.ipvs.netlink import IpvsChannel
 
     sh("ip", "addr", "add", "fd99::1/64", "dev", "lvs-rs0", "nodad")
     try:
@@ -171,15 +174,23 @@ def test_proc_reader_agrees_with_netlink_and_ipvsadm(ipvs: IPVS) -> None:
         sh("ipvsadm", "-a", "-f", "7", "-r", f"{REAL_SERVERS[0]}:0", "-m")
         sh("ipvsadm", "-A", "-t", "[fd98::1]:443", "-s", "wrr")
         sh("ipvsadm", "-a", "-t", "[fd98::1]:443", "-r", "[fd99::2]:8443", "-m", "-w", "3")
-        held = read(ipvs)
+        with IpvsChannel() as channel:
+            held = read(channel)
         assert set(held) == {
             VirtualServer("TCP", VIP, 80),
             VirtualServer("UDP", VIP, 53),
             VirtualServer("TCP", "fd98::1", 443),
         }
-        for vs, (_, _, servers) in held.items():
-            by_netlink = sorted(map(real_server, dests(ipvs, vs)))
-            assert sorted(servers) == by_netlink, vs
+        witness = ipvsadm()
+        for vs, (scheduler, _, servers) in held.items():
+            where = f"[{vs.address}]:{vs.port}" if ":" in vs.address else f"{vs.address}:{vs.port}"
+            shown = [
+                (f"[{r.address}]:{r.port}" if ":" in r.address else f"{r.address}:{r.port}")
+                for r in servers
+            ]
+            rows = sorted((s, r.forward, r.weight) for s, r in zip(shown, servers, strict=True))
+            shown_scheduler, shown_rows = witness[f"{vs.protocol} {where}"]
+            assert (shown_scheduler, sorted(shown_rows)) == (scheduler, rows), vs
         assert held[VirtualServer("UDP", VIP, 53)][:2] == ("mh", 600)
         weights = {(r.address, r.weight) for r in held[VirtualServer("TCP", VIP, 80)][2]}
         assert weights == {(REAL_SERVERS[0], 1), (REAL_SERVERS[1], 0)}

@@ -1,0 +1,289 @@
+"""IPVS over generic netlink, in-process: virtual and real servers programmed in batches and
+read back with dumps, through the codec (compiled, or its pure twin).
+
+A `Batch` is encoded whole, then sent as few `send`s as the socket's send buffer allows
+(`CHUNK` bytes each). The kernel carries out every request of a `send` inside that call and
+answers only the last one, which asks for an acknowledgement, and any it refused: once the
+barrier's answer is read, so is every refusal. Each refusal is mapped back, by its sequence
+number, to what the request did (`Change`), so that the log names the virtual or real server
+the kernel refused. pyroute2 stays for the rare configuration calls (timeouts).
+"""
+
+from __future__ import annotations
+
+import errno as errnos
+import os
+import struct
+from types import TracebackType
+from typing import NamedTuple
+
+from lace_proxy.dataplane.ipvs.codec import (
+    IPVS_CMD_DEL_DEST,
+    IPVS_CMD_DEL_SERVICE,
+    IPVS_CMD_NEW_DEST,
+    IPVS_CMD_NEW_SERVICE,
+    IPVS_CMD_SET_DEST,
+    IPVS_CMD_SET_SERVICE,
+    Requests,
+    ServerDump,
+    ServiceDump,
+    servers_request,
+    services_request,
+)
+from lace_proxy.dataplane.ipvs.model import PROTOCOLS, Target, VirtualServer, address_family
+from lace_proxy.dataplane.netlink import (
+    CHUNK,
+    NETLINK_GENERIC,
+    NLMSG_ERROR,
+    Answer,
+    NetlinkSocket,
+    header,
+    messages,
+)
+
+#: Answers one `send` may leave waiting: a refusal per request at most (a CHUNK holds some
+#: 780 of the shortest, a real server's deletion), and the acknowledgement.
+ANSWERS = 1024
+GENL_ID_CTRL = 0x10
+CTRL_CMD_GETFAMILY = 3
+CTRL_ATTR_FAMILY_ID = 1
+CTRL_ATTR_FAMILY_NAME = 2
+NLM_F_REQUEST = 0x1
+RECEIVE = 1 << 16  # a dump's part is at most 32 KiB (the kernel's netlink_dump)
+_VERBS = {
+    IPVS_CMD_NEW_SERVICE: "add",
+    IPVS_CMD_SET_SERVICE: "change",
+    IPVS_CMD_DEL_SERVICE: "delete",
+    IPVS_CMD_NEW_DEST: "add",
+    IPVS_CMD_SET_DEST: "change",
+    IPVS_CMD_DEL_DEST: "delete",
+}
+
+
+class Change(NamedTuple):
+    """What one request asked for: a virtual server, or one of its real servers (`server`)
+    with its weight, added, changed or deleted."""
+
+    command: int
+    vs: VirtualServer
+    server: tuple[str, int] | None = None
+    weight: int = 0
+
+    def __str__(self) -> str:
+        where = f"{self.vs.protocol} {_host_port(self.vs.address, self.vs.port)}"
+        verb = _VERBS.get(self.command, str(self.command))
+        if self.server is None:
+            return f"{verb} virtual server {where}"
+        weight = "" if self.command == IPVS_CMD_DEL_DEST else f" (weight {self.weight})"
+        return f"{verb} real server {_host_port(*self.server)}{weight} of {where}"
+
+
+class Refusal(NamedTuple):
+    """A request the kernel refused (`errno`), or whose answer was lost (errno 0)."""
+
+    sequence: int
+    change: Change
+    errno: int
+    message: str | None = None
+
+    def __str__(self) -> str:
+        if not self.errno:
+            why = "no answer (the socket's buffer was full)"
+        else:
+            name = errnos.errorcode.get(self.errno, str(self.errno))
+            why = f"{name} ({os.strerror(self.errno)})"
+        extra = f": {self.message}" if self.message else ""
+        return f"IPVS {self.change} refused: {why}{extra}"
+
+
+def _host_port(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+class Batch:
+    """IPVS requests to send together, each remembered (cheaply) for what it asked."""
+
+    def __init__(self, family: int, first: int) -> None:
+        self.first = first
+        self._requests = Requests(family, first)
+        self._changes: list[tuple[int, VirtualServer, tuple[str, int] | None, int]] = []
+
+    def add_service(self, vs: VirtualServer, target: Target) -> int:
+        return self._service(IPVS_CMD_NEW_SERVICE, vs, target)
+
+    def change_service(self, vs: VirtualServer, target: Target) -> int:
+        return self._service(IPVS_CMD_SET_SERVICE, vs, target)
+
+    def delete_service(self, vs: VirtualServer) -> int:
+        return self._service(IPVS_CMD_DEL_SERVICE, vs, None)
+
+    def _service(self, command: int, vs: VirtualServer, target: Target | None) -> int:
+        scheduler, timeout = (target.scheduler, target.persistence) if target else ("", 0)
+        protocol = PROTOCOLS[vs.protocol]
+        sequence = self._requests.service(
+            command, protocol, vs.address, vs.port, scheduler, timeout
+        )
+        self._changes.append((command, vs, None, 0))
+        return sequence
+
+    def add_server(self, vs: VirtualServer, server: tuple[str, int], weight: int) -> int:
+        return self._server(IPVS_CMD_NEW_DEST, vs, server, weight)
+
+    def change_server(self, vs: VirtualServer, server: tuple[str, int], weight: int) -> int:
+        return self._server(IPVS_CMD_SET_DEST, vs, server, weight)
+
+    def delete_server(self, vs: VirtualServer, server: tuple[str, int]) -> int:
+        return self._server(IPVS_CMD_DEL_DEST, vs, server, 0)
+
+    def _server(self, command: int, vs: VirtualServer, server: tuple[str, int], weight: int) -> int:
+        protocol = PROTOCOLS[vs.protocol]
+        sequence = self._requests.server(
+            command, protocol, vs.address, vs.port, server[0], server[1], weight
+        )
+        self._changes.append((command, vs, server, weight))
+        return sequence
+
+    def __len__(self) -> int:
+        return len(self._changes)
+
+    def buffers(self, limit: int = CHUNK) -> list[tuple[bytes, range]]:
+        """The requests in buffers of at most `limit` bytes, each with its sequence numbers
+        (the last asks for an acknowledgement)."""
+        out = []
+        start = self.first
+        for data, last in self._requests.chunks(limit):
+            out.append((data, range(start, last + 1)))
+            start = last + 1
+        return out
+
+    def change(self, sequence: int) -> Change:
+        return Change(*self._changes[sequence - self.first])
+
+    def refusals(self, replies: dict[int, Answer], sequences: range) -> list[Refusal]:
+        """The requests of one buffer the kernel refused, read from its answers; if the
+        barrier's answer is missing (lost: the socket had no room), every request of the
+        buffer without an answer counts as refused, its fate unknown."""
+        barrier = sequences[-1] in replies
+        out = []
+        for sequence in sequences:
+            answer = replies.get(sequence)
+            if answer is None and not barrier:
+                out.append(Refusal(sequence, self.change(sequence), 0))
+            elif answer is not None and answer.errno:
+                out.append(Refusal(sequence, self.change(sequence), answer.errno, answer.message))
+        return out
+
+
+class IpvsChannel:
+    """A generic netlink socket for IPVS in the calling thread's network namespace, with
+    the IPVS family's id (resolved once, when it is made: OSError ENOENT if this kernel has
+    no IPVS)."""
+
+    def __init__(self) -> None:
+        self.sock = NetlinkSocket(NETLINK_GENERIC, ANSWERS)
+        self._next = 1
+        try:
+            self.family = self._family("IPVS")
+        except BaseException:
+            self.sock.__exit__(None, None, None)
+            raise
+
+    def __enter__(self) -> IpvsChannel:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.sock.__exit__(None, None, None)
+
+    def _sequence(self, count: int = 1) -> int:
+        first = self._next
+        self._next = (self._next + count) % 0x7FFFFFFF or 1
+        return first
+
+    def _family(self, name: str) -> int:
+        """A generic netlink family's id (CTRL_CMD_GETFAMILY)."""
+        raw = name.encode() + b"\0"
+        attr = struct.pack("=HH", 4 + len(raw), CTRL_ATTR_FAMILY_NAME) + raw
+        attr += b"\0" * (-len(attr) % 4)
+        sequence = self._sequence()
+        self.sock.send(
+            header(20 + len(attr), GENL_ID_CTRL, NLM_F_REQUEST, sequence)
+            + struct.pack("=BBH", CTRL_CMD_GETFAMILY, 1, 0)
+            + attr
+        )
+        for kind, answered, payload in messages(self.sock.receive(RECEIVE)):
+            if answered != sequence:
+                continue
+            if kind == NLMSG_ERROR:
+                code = -struct.unpack_from("=i", payload)[0]
+                raise OSError(code, f"generic netlink family {name}: {os.strerror(code)}")
+            at = 4
+            while at + 4 <= len(payload):
+                length, attr_type = struct.unpack_from("=HH", payload, at)
+                if length < 4:
+                    break
+                if attr_type & 0x3FFF == CTRL_ATTR_FAMILY_ID:
+                    return int(struct.unpack_from("=H", payload, at + 4)[0])
+                at += (length + 3) & ~3
+        raise OSError(errnos.EPROTO, f"generic netlink family {name}: no id in the answer")
+
+    def batch(self) -> Batch:
+        return Batch(self.family, self._sequence(0))
+
+    def send(self, batch: Batch) -> list[Refusal]:
+        """Send a batch, a buffer at a time; the requests the kernel refused. A buffer the
+        socket refuses (OSError) counts as refused whole, and the rest is still sent."""
+        refused: list[Refusal] = []
+        self._sequence(len(batch))
+        for data, sequences in batch.buffers():
+            self.sock.replies()  # nothing of an earlier send is taken for this one's
+            try:
+                self.sock.send(data)
+            except OSError as exc:
+                code = exc.errno or errnos.EIO
+                refused += [Refusal(s, batch.change(s), code) for s in sequences]
+                continue
+            refused += batch.refusals(self.sock.replies(), sequences)
+        return refused
+
+    def whole(self, batch: Batch) -> tuple[bytes, range]:
+        """A batch as one buffer, for a caller that sends it itself (`send_together`); the
+        socket's send buffer made large enough and earlier answers read away. Its refusals:
+        `batch.refusals(channel.sock.replies(), sequences)` once it is sent."""
+        self._sequence(len(batch))
+        buffers = batch.buffers(1 << 62)
+        if not buffers:
+            return b"", range(0)
+        [(data, sequences)] = buffers
+        self.sock.send_buffer(len(data))
+        self.sock.replies()
+        return data, sequences
+
+    def services(self) -> list[tuple[int, str, int, int, str, int, int]]:
+        """Every virtual service (protocol, address, port, fwmark, scheduler, flags,
+        persistence timeout), from one dump."""
+        parser = ServiceDump()
+        self._dump(services_request(self.family, self._sequence()), parser)
+        return parser.result()
+
+    def servers(self, vs: VirtualServer) -> list[tuple[str, int, int, int, int, int]]:
+        """A virtual service's real servers (address, port, forwarding method, weight,
+        active and inactive connections), from one dump; none if there is no such service."""
+        parser = ServerDump(address_family(vs.address))
+        protocol = PROTOCOLS[vs.protocol]
+        request = servers_request(self.family, self._sequence(), protocol, vs.address, vs.port)
+        self._dump(request, parser)
+        return parser.result()
+
+    def _dump(self, request: bytes, parser: ServiceDump | ServerDump) -> None:
+        self.sock.replies()
+        self.sock.send(request)
+        while not parser.feed(self.sock.receive(RECEIVE)):
+            pass

@@ -1,0 +1,206 @@
+"""IPVS batches to the kernel and the kernel's refusals back to what each request asked, and
+the planning's unicast check.
+
+The kernel here is a stand-in with the behaviour tests/netns can only show in the VM
+(/work/shared/notes/netlink.md): generic netlink handles every request of a `send`,
+answers an error for each it refuses (with the request's sequence number) and an
+acknowledgement only for a request that asks for one. The channel is built around it without
+a socket; the codec is the one `codec.py` picks.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import random
+import struct
+from collections.abc import Callable
+
+import pytest
+
+from lace_proxy.dataplane.ipvs import kernel
+from lace_proxy.dataplane.ipvs.model import Target, VirtualServer
+from lace_proxy.dataplane.ipvs.netlink import Batch, Change, IpvsChannel, Refusal
+from lace_proxy.dataplane.netlink import CHUNK, Answer
+
+FAMILY = 0x1F
+NLMSG = struct.Struct("=IHHII")
+
+
+def _port_of_dest(message: bytes) -> int | None:
+    """The real server's port of a NEW/SET/DEL_DEST request (None for a service's)."""
+    at = 20
+    while at + 4 <= len(message):
+        length, kind = struct.unpack_from("=HH", message, at)
+        if kind & 0x3FFF == 2:  # IPVS_CMD_ATTR_DEST: its IPVS_DEST_ATTR_PORT
+            inner = at + 4
+            while inner + 4 <= at + length:
+                size, attr = struct.unpack_from("=HH", message, inner)
+                if attr == 2:
+                    return int(struct.unpack_from(">H", message, inner + 4)[0])
+                inner += (size + 3) & ~3
+        at += (length + 3) & ~3
+    return None
+
+
+class FakeKernel:
+    """A netlink socket's two ends: what `send` got, and the answers it left waiting
+    (at most `room` of them per send, as a receive buffer that fills up)."""
+
+    def __init__(self, refuse: Callable[[bytes], int], room: int = 10_000) -> None:
+        self.refuse = refuse
+        self.room = room
+        self.sent: list[bytes] = []
+        self._waiting: dict[int, Answer] = {}
+
+    def send(self, data: bytes) -> None:
+        self.sent.append(data)
+        at = 0
+        while at < len(data):
+            length, _, flags, sequence, _ = NLMSG.unpack_from(data, at)
+            code = self.refuse(data[at : at + length])
+            if (code or flags & 0x4) and len(self._waiting) < self.room:
+                self._waiting[sequence] = Answer(code)
+            at += length
+
+    def replies(self) -> dict[int, Answer]:
+        out, self._waiting = self._waiting, {}
+        return out
+
+
+def _channel(kernel: FakeKernel) -> IpvsChannel:
+    channel = object.__new__(IpvsChannel)  # no socket: the fake kernel is its socket
+    channel.sock = kernel  # type: ignore[assignment]
+    channel.family = FAMILY
+    channel._next = 1
+    return channel
+
+
+VS = [VirtualServer(p, a, 80 + i) for i, (p, a) in enumerate([("TCP", "10.96.0.1")] * 3)]
+VS += [VirtualServer("UDP", "fd00:96::a", 53), VirtualServer("SCTP", "10.96.0.9", 3868)]
+
+
+def _big_batch(channel: IpvsChannel) -> tuple[Batch, list[Change]]:
+    """Thousands of requests: a virtual service each, with its real servers."""
+    batch = channel.batch()
+    changes = []
+    target = Target("rr", 0, frozenset())
+    for i in range(1500):
+        vs = VirtualServer("TCP", f"10.96.{i // 256}.{i % 256}", 80)
+        batch.add_service(vs, target)
+        changes.append(Change(1, vs))
+        for port in (8080, 13, 8081):
+            batch.add_server(vs, (f"10.1.{i // 256}.{i % 256}", port), 1)
+            changes.append(Change(5, vs, (f"10.1.{i // 256}.{i % 256}", port), 1))
+    return batch, changes
+
+
+def test_a_batch_goes_in_buffers_under_the_limit_and_refusals_name_their_requests() -> None:
+    kernel = FakeKernel(lambda m: errno.EEXIST if _port_of_dest(m) == 13 else 0)
+    channel = _channel(kernel)
+    batch, changes = _big_batch(channel)
+    refused = channel.send(batch)
+    assert len(kernel.sent) > 1 and all(len(data) <= CHUNK for data in kernel.sent)
+    assert [r.change for r in refused] == [c for c in changes if c.server and c.server[1] == 13]
+    assert {r.errno for r in refused} == {errno.EEXIST}
+    assert [batch.change(r.sequence) for r in refused] == [r.change for r in refused]
+    # One acknowledgement asked per buffer, by its last request.
+    acks = 0
+    for data in kernel.sent:
+        at = 0
+        while at < len(data):
+            length, _, flags, _, _ = NLMSG.unpack_from(data, at)
+            at += length
+            acks += bool(flags & 0x4)
+            assert bool(flags & 0x4) == (at == len(data))
+    assert acks == len(kernel.sent)
+
+
+def test_a_lost_barrier_makes_every_unanswered_request_of_its_buffer_a_refusal() -> None:
+    kernel = FakeKernel(lambda m: errno.EEXIST if _port_of_dest(m) == 13 else 0, room=5)
+    channel = _channel(kernel)
+    batch, changes = _big_batch(channel)
+    refused = channel.send(batch)
+    # Each buffer: its first five refusals arrived, the rest of its requests' fate is unknown.
+    assert [r.change for r in refused] == changes
+    assert sum(r.errno == errno.EEXIST for r in refused) == 5 * len(kernel.sent)
+    unknown = [r for r in refused if r.errno == 0]
+    assert len(unknown) == len(changes) - 5 * len(kernel.sent)
+    assert "no answer" in str(unknown[0])
+
+
+def test_a_send_the_socket_refuses_refuses_its_buffer_and_the_rest_is_sent() -> None:
+    kernel = FakeKernel(lambda m: 0)
+    channel = _channel(kernel)
+    batch, _ = _big_batch(channel)
+    sent = kernel.send
+
+    def first_fails(data: bytes) -> None:
+        if not kernel.sent:
+            kernel.sent.append(b"")
+            raise OSError(errno.ENOBUFS, "no room")
+        sent(data)
+
+    kernel.send = first_fails  # type: ignore[method-assign]
+    refused = channel.send(batch)
+    first = batch.buffers()[0][1]
+    assert [r.sequence for r in refused] == list(first)
+    assert {r.errno for r in refused} == {errno.ENOBUFS}
+    assert len(kernel.sent) == len(batch.buffers())
+
+
+def test_sequence_numbers_do_not_repeat_across_batches() -> None:
+    channel = _channel(FakeKernel(lambda m: 0))
+    one = channel.batch()
+    one.delete_service(VS[0])
+    one.delete_server(VS[1], ("10.1.0.1", 80))
+    channel.send(one)
+    two = channel.batch()
+    assert two.first == one.first + 2
+
+
+@pytest.mark.parametrize(
+    ("change", "text"),
+    [
+        (Change(1, VS[0]), "add virtual server TCP 10.96.0.1:80"),
+        (Change(2, VS[3]), "change virtual server UDP [fd00:96::a]:53"),
+        (Change(3, VS[4]), "delete virtual server SCTP 10.96.0.9:3868"),
+        (Change(5, VS[0], ("10.1.0.1", 8080), 1), "add real server 10.1.0.1:8080 (weight 1) of"),
+        (Change(6, VS[3], ("fd00::5", 53), 0), "change real server [fd00::5]:53 (weight 0) of UDP"),
+        (Change(7, VS[1], ("10.1.0.1", 8080)), "delete real server 10.1.0.1:8080 of TCP"),
+    ],
+)
+def test_a_refusal_names_what_was_refused_and_why(change: Change, text: str) -> None:
+    refusal = Refusal(7, change, errno.EINVAL, "address not unicast")
+    assert str(refusal).startswith(f"IPVS {text}")
+    assert str(refusal).endswith("refused: EINVAL (Invalid argument): address not unicast")
+
+
+def _ipaddress_unicast(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    return not (ip.is_multicast or ip.is_unspecified or (ip.version == 6 and ip.is_link_local))
+
+
+def test_the_unicast_check_says_what_ipaddress_says() -> None:
+    """`kernel.unicast` reads addresses with inet_pton (planning's hot path); its verdict is
+    ipaddress's, on random addresses and on the edges of each refused range."""
+    rng = random.Random(3)
+    edges = ["0.0.0.0", "::", "223.255.255.255", "224.0.0.0", "239.255.255.255", "240.0.0.0"]
+    edges += ["fe80::1", "fe80::1%eth0", "febf:ffff::1", "fec0::1", "ff02::1", "::ffff:224.0.0.1"]
+    addresses = (
+        edges
+        + [str(ipaddress.IPv4Address(rng.getrandbits(32))) for _ in range(3000)]
+        + [
+            str(
+                ipaddress.IPv6Address(
+                    (rng.choice([0, 0xFD, 0xFE, 0xFF]) << 120) | rng.getrandbits(120)
+                )
+            )
+            for _ in range(3000)
+        ]
+    )
+    verdicts = [kernel.unicast(a) for a in addresses]
+    assert verdicts == [_ipaddress_unicast(a) for a in addresses]
+    assert True in verdicts and False in verdicts
+    with pytest.raises(ValueError):
+        kernel.unicast("10.0.0.256")
