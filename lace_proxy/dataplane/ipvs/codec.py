@@ -3,58 +3,28 @@ one, as for the service table and the nf_tables codec)."""
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING or os.environ.get("LACE_PROXY_NO_EXTENSIONS"):
-    from lace_proxy.dataplane.ipvs._pycodec import (
-        IMPLEMENTATION,
-        IPVS_CMD_DEL_DEST,
-        IPVS_CMD_DEL_SERVICE,
-        IPVS_CMD_NEW_DEST,
-        IPVS_CMD_NEW_SERVICE,
-        IPVS_CMD_SET_DEST,
-        IPVS_CMD_SET_SERVICE,
-        CodecError,
-        Requests,
-        ServerDump,
-        ServiceDump,
-        servers_request,
-        services_request,
-    )
+from lace_proxy.twins import load
+
+if TYPE_CHECKING:  # both twins have the pure one's API (a test holds them equal)
+    import lace_proxy.dataplane.ipvs._pycodec as _twin
 else:
-    try:
-        from lace_proxy.dataplane.ipvs._ccodec import (
-            IMPLEMENTATION,
-            IPVS_CMD_DEL_DEST,
-            IPVS_CMD_DEL_SERVICE,
-            IPVS_CMD_NEW_DEST,
-            IPVS_CMD_NEW_SERVICE,
-            IPVS_CMD_SET_DEST,
-            IPVS_CMD_SET_SERVICE,
-            CodecError,
-            Requests,
-            ServerDump,
-            ServiceDump,
-            servers_request,
-            services_request,
-        )
-    except ImportError:  # not built
-        from lace_proxy.dataplane.ipvs._pycodec import (
-            IMPLEMENTATION,
-            IPVS_CMD_DEL_DEST,
-            IPVS_CMD_DEL_SERVICE,
-            IPVS_CMD_NEW_DEST,
-            IPVS_CMD_NEW_SERVICE,
-            IPVS_CMD_SET_DEST,
-            IPVS_CMD_SET_SERVICE,
-            CodecError,
-            Requests,
-            ServerDump,
-            ServiceDump,
-            servers_request,
-            services_request,
-        )
+    _twin = load("lace_proxy.dataplane.ipvs._ccodec", "lace_proxy.dataplane.ipvs._pycodec")
+
+IMPLEMENTATION = _twin.IMPLEMENTATION
+IPVS_CMD_NEW_SERVICE = _twin.IPVS_CMD_NEW_SERVICE
+IPVS_CMD_SET_SERVICE = _twin.IPVS_CMD_SET_SERVICE
+IPVS_CMD_DEL_SERVICE = _twin.IPVS_CMD_DEL_SERVICE
+IPVS_CMD_NEW_DEST = _twin.IPVS_CMD_NEW_DEST
+IPVS_CMD_SET_DEST = _twin.IPVS_CMD_SET_DEST
+IPVS_CMD_DEL_DEST = _twin.IPVS_CMD_DEL_DEST
+CodecError = _twin.CodecError
+Requests = _twin.Requests
+ServerDump = _twin.ServerDump
+ServiceDump = _twin.ServiceDump
+servers_request = _twin.servers_request
+services_request = _twin.services_request
 
 __all__ = [
     "IMPLEMENTATION",

@@ -9,30 +9,22 @@ kernel's own key and data lengths.
 
 from __future__ import annotations
 
-import importlib
-import os
 import re
 from typing import TYPE_CHECKING, NamedTuple
+
+from lace_proxy.twins import load
 
 if TYPE_CHECKING:  # both twins have the pure one's API (a test holds them equal)
     import lace_proxy.dataplane.nftables._pycodec as _twin
 else:
-
-    def _chosen():
-        """The compiled twin unless it is not built or the pure one is asked for."""
-        if not os.environ.get("LACE_PROXY_NO_EXTENSIONS"):
-            try:
-                return importlib.import_module("lace_proxy.dataplane.nftables._ccodec")
-            except ImportError:  # not built
-                pass
-        return importlib.import_module("lace_proxy.dataplane.nftables._pycodec")
-
-    _twin = _chosen()
+    _twin = load("lace_proxy.dataplane.nftables._ccodec", "lace_proxy.dataplane.nftables._pycodec")
 
 IMPLEMENTATION = _twin.IMPLEMENTATION
 ADDR4, ADDR6, PROTO, PORT = _twin.ADDR4, _twin.ADDR6, _twin.PROTO, _twin.PORT
 MARK, NUMBER, VERDICT = _twin.MARK, _twin.NUMBER, _twin.VERDICT
-Batch, DumpParser, CodecError = _twin.Batch, _twin.DumpParser, _twin.CodecError
+Batch = _twin.Batch
+DumpParser = _twin.DumpParser
+CodecError = _twin.CodecError
 dump_request = _twin.dump_request
 
 __all__ = [
