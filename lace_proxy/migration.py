@@ -207,7 +207,9 @@ def _ipvs(report: Report) -> None:
     try:
         count = backend.remove_ipvs()
     except (NetlinkError, OSError) as exc:
-        if getattr(exc, "code", None) not in (errno.ENOENT, errno.EOPNOTSUPP):
+        # pyroute2 says `code`, the IPVS channel (no IPVS family in this kernel) `errno`.
+        code = exc.code if isinstance(exc, NetlinkError) else exc.errno
+        if code not in (errno.ENOENT, errno.EOPNOTSUPP):
             report.failed.append(f"IPVS: {exc}")
             return
         count = 0  # no IPVS in the kernel: only the interface was there
