@@ -13,11 +13,13 @@ else:
     from Cython.Build import cythonize
     from setuptools import Extension
 
+    # Both codecs `include` ext/netaddr.pxi: named so that a change to it rebuilds them.
+    codec = {"depends": ["ext/netaddr.pxi"]}
     ext_modules = cythonize(
         [
             Extension("lace_proxy.table._ctable", ["ext/table.pyx"]),
-            Extension("lace_proxy.dataplane.nftables._ccodec", ["ext/nftcodec.pyx"]),
-            Extension("lace_proxy.dataplane.ipvs._ccodec", ["ext/ipvscodec.pyx"]),
+            Extension("lace_proxy.dataplane.nftables._ccodec", ["ext/nftcodec.pyx"], **codec),
+            Extension("lace_proxy.dataplane.ipvs._ccodec", ["ext/ipvscodec.pyx"], **codec),
         ],
         compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False},
     )

@@ -26,9 +26,6 @@ import ipaddress
 import os
 import struct
 
-cdef extern from "<arpa/inet.h>" nogil:
-    int inet_pton(int af, const char* src, void* dst)
-
 cdef extern from "Python.h":
     bint PyUnicode_IS_COMPACT_ASCII(object o)
     const char* PyUnicode_AsUTF8AndSize(object o, Py_ssize_t* size) except NULL
@@ -56,8 +53,6 @@ AF_INET = 2
 AF_INET6 = 10
 
 cdef enum:
-    C_AF_INET = 2
-    C_AF_INET6 = 10
     CMD_SERVICE = 1
     CMD_DEST = 2
     SVC_AF = 1
@@ -114,7 +109,7 @@ def _packed(address):
 
 # --- C helpers -----------------------------------------------------------------------------
 
-cdef const char* HEX = "0123456789abcdef"
+include "netaddr.pxi"  # addresses read and written in C: shared with the nf_tables codec
 
 
 cdef inline Py_ssize_t _align4(Py_ssize_t n) noexcept nogil:
@@ -171,22 +166,14 @@ cdef uint64_t _number(object value, uint64_t limit, str name) except? 0xFFFFFFFF
 
 cdef int _address(object address, unsigned char* raw) except -1:
     """An address's bytes at raw (16 bytes of room): its family."""
-    cdef char text[48]
-    cdef Py_ssize_t n, i
+    cdef Py_ssize_t n
     cdef const char* s
     if type(address) is str and PyUnicode_IS_COMPACT_ASCII(address):
         s = PyUnicode_AsUTF8AndSize(address, &n)
-        if n <= 45:
-            for i in range(n):
-                if s[i] == 0:  # inet_pton would stop there
-                    break
-                text[i] = s[i]
-            else:
-                text[n] = 0
-                if inet_pton(C_AF_INET, text, raw) == 1:
-                    return C_AF_INET
-                if inet_pton(C_AF_INET6, text, raw) == 1:
-                    return C_AF_INET6
+        if _pton(C_AF_INET, s, n, raw):
+            return C_AF_INET
+        if _pton(C_AF_INET6, s, n, raw):
+            return C_AF_INET6
     family, packed = _packed(address)
     memcpy(raw, PyBytes_AS_STRING(packed), PyBytes_GET_SIZE(packed))
     return family
@@ -437,95 +424,15 @@ def servers_request(family, sequence, protocol, address, port):
 # --- Dumps ---------------------------------------------------------------------------------
 
 
-cdef Py_ssize_t _write_u8(char* p, unsigned int value) noexcept nogil:
-    cdef Py_ssize_t n = 0
-    if value >= 100:
-        p[n] = <char>(c'0' + value // 100)
-        n += 1
-    if value >= 10:
-        p[n] = <char>(c'0' + value // 10 % 10)
-        n += 1
-    p[n] = <char>(c'0' + value % 10)
-    return n + 1
-
-
-cdef Py_ssize_t _write_hex(char* p, uint32_t value) noexcept nogil:
-    """'%x' % value."""
-    cdef Py_ssize_t n = 0, shift
-    cdef bint started = False
-    for shift in range(12, -4, -4):
-        if started or (value >> shift) & 0xF or shift == 0:
-            p[n] = HEX[(value >> shift) & 0xF]
-            n += 1
-            started = True
-    return n
-
-
-cdef Py_ssize_t _write_ipv6(char* p, const unsigned char* raw) noexcept nogil:
-    """str(IPv6Address(raw)) as Python 3.11 writes it (the caller leaves IPv4-mapped ones to
-    Python): the first longest run of two or more zero hextets compressed."""
-    cdef uint32_t hextets[8]
-    cdef int i, best_start = -1, best_length = 0, start = -1, length = 0, end
-    cdef Py_ssize_t n = 0
-    for i in range(8):
-        hextets[i] = (<uint32_t>raw[2 * i] << 8) | raw[2 * i + 1]
-        if hextets[i] == 0:
-            length += 1
-            if start == -1:
-                start = i
-            if length > best_length:
-                best_length = length
-                best_start = start
-        else:
-            length = 0
-            start = -1
-    if best_length < 2:
-        for i in range(8):
-            if i:
-                p[n] = c':'
-                n += 1
-            n += _write_hex(p + n, hextets[i])
-        return n
-    end = best_start + best_length
-    for i in range(best_start):
-        n += _write_hex(p + n, hextets[i])
-        p[n] = c':'
-        n += 1
-    if best_start == 0:
-        p[n] = c':'
-        n += 1
-    p[n] = c':'
-    n += 1
-    for i in range(end, 8):
-        n += _write_hex(p + n, hextets[i])
-        if i < 7:
-            p[n] = c':'
-            n += 1
-    return n
-
-
 cdef object _address_text(const unsigned char* buf, Py_ssize_t start, Py_ssize_t end, int family):
     """An address attribute's text (the pure twin's `_address`)."""
     cdef char text[48]
-    cdef Py_ssize_t n = 0, i
+    cdef Py_ssize_t n
     if family != C_AF_INET and family != C_AF_INET6:
         raise CodecError(f"address family {family} is neither IPv4 nor IPv6")
     if end - start < (4 if family == C_AF_INET else 16):
         raise CodecError("an address attribute is too short")
-    if family == C_AF_INET:
-        for i in range(4):
-            if i:
-                text[n] = c'.'
-                n += 1
-            n += _write_u8(text + n, buf[start + i])
-        return PyUnicode_DecodeASCII(text, n, NULL)
-    for i in range(10):
-        if buf[start + i]:
-            break
-    else:
-        if buf[start + 10] == 0xFF and buf[start + 11] == 0xFF:  # IPv4-mapped
-            return str(ipaddress.ip_address(PyBytes_FromStringAndSize(<char*>buf + start, 16)))
-    n = _write_ipv6(text, buf + start)
+    n = _write_address(text, family, buf + start)
     return PyUnicode_DecodeASCII(text, n, NULL)
 
 

@@ -33,20 +33,13 @@ from cpython.unicode cimport PyUnicode_1BYTE_DATA, PyUnicode_GET_LENGTH, PyUnico
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
 
-import ipaddress
 import os
 import socket
 import struct
 
 cdef extern from "<arpa/inet.h>" nogil:
-    int inet_pton(int af, const char* src, void* dst)
     uint32_t htonl(uint32_t host)
     uint32_t ntohl(uint32_t net)
-
-cdef extern from "<sys/socket.h>" nogil:
-    enum:
-        AF_INET
-        AF_INET6
 
 cdef extern from "Python.h":
     bint PyUnicode_IS_COMPACT_ASCII(object o)
@@ -111,7 +104,7 @@ cdef int[6] C_SIZES = [4, 16, 1, 2, 4, 4]
 
 # --- C helpers -----------------------------------------------------------------------------
 
-cdef const char* HEX = "0123456789abcdef"
+include "netaddr.pxi"  # addresses read and written in C: shared with the IPVS codec
 
 
 cdef inline void _put_nla(unsigned char* p, Py_ssize_t length, int kind) noexcept nogil:
@@ -189,21 +182,10 @@ cdef int _number(const char* s, Py_ssize_t n, uint64_t limit, uint64_t* out) noe
 
 cdef int _encode_field(int code, const char* s, Py_ssize_t n, unsigned char* out) noexcept nogil:
     """One field's bytes at out (its size), or 0 for the Python path."""
-    cdef char text[48]
     cdef uint64_t value
     cdef uint32_t host
-    cdef Py_ssize_t i
     if code == C_ADDR4 or code == C_ADDR6:
-        if n > 45:
-            return 0
-        for i in range(n):
-            if s[i] == 0:  # inet_pton would stop there; ipaddress reads it as a bad address
-                return 0
-            text[i] = s[i]
-        text[n] = 0
-        if inet_pton(AF_INET if code == C_ADDR4 else AF_INET6, text, out) != 1:
-            return 0
-        return 4 if code == C_ADDR4 else 16
+        return _pton(C_AF_INET if code == C_ADDR4 else C_AF_INET6, s, n, out)
     if code == C_PROTO:
         if n == 3 and s[0] == c't' and s[1] == c'c' and s[2] == c'p':
             out[0] = 6
@@ -317,103 +299,12 @@ cdef Py_ssize_t _encode_verdict(const char* s, Py_ssize_t n, unsigned char* out)
     return 4 + body
 
 
-cdef Py_ssize_t _write_u32(char* p, uint32_t value) noexcept nogil:
-    cdef char digits[10]
-    cdef Py_ssize_t n = 0, i
-    while True:
-        digits[n] = <char>(c'0' + value % 10)
-        n += 1
-        value //= 10
-        if value == 0:
-            break
-    for i in range(n):
-        p[i] = digits[n - 1 - i]
-    return n
-
-
-cdef Py_ssize_t _write_hex(char* p, uint32_t value) noexcept nogil:
-    """'%x' % value."""
-    cdef Py_ssize_t n = 0, shift
-    cdef bint started = False
-    for shift in range(28, -4, -4):
-        if started or (value >> shift) & 0xF or shift == 0:
-            p[n] = HEX[(value >> shift) & 0xF]
-            n += 1
-            started = True
-    return n
-
-
-cdef Py_ssize_t _write_ipv6(char* p, const unsigned char* raw) noexcept nogil:
-    """str(IPv6Address(raw)) as Python 3.11 writes it (the caller leaves IPv4-mapped ones to
-    Python): the first longest run of two or more zero hextets compressed."""
-    cdef uint32_t hextets[8]
-    cdef int i, best_start = -1, best_length = 0, start = -1, length = 0, end
-    cdef Py_ssize_t n = 0
-    for i in range(8):
-        hextets[i] = (<uint32_t>raw[2 * i] << 8) | raw[2 * i + 1]
-        if hextets[i] == 0:
-            length += 1
-            if start == -1:
-                start = i
-            if length > best_length:
-                best_length = length
-                best_start = start
-        else:
-            length = 0
-            start = -1
-    if best_length < 2:
-        for i in range(8):
-            if i:
-                p[n] = c':'
-                n += 1
-            n += _write_hex(p + n, hextets[i])
-        return n
-    end = best_start + best_length
-    for i in range(best_start):
-        n += _write_hex(p + n, hextets[i])
-        p[n] = c':'
-        n += 1
-    if best_start == 0:
-        p[n] = c':'
-        n += 1
-    p[n] = c':'
-    n += 1
-    for i in range(end, 8):
-        n += _write_hex(p + n, hextets[i])
-        if i < 7:
-            p[n] = c':'
-            n += 1
-    return n
-
-
-cdef inline bint _mapped(const unsigned char* raw) noexcept nogil:
-    cdef int i
-    for i in range(10):
-        if raw[i]:
-            return False
-    return raw[10] == 0xFF and raw[11] == 0xFF
-
-
 cdef Py_ssize_t _write_field(char* p, int code, const unsigned char* raw) except -2:
     """One field's text at p (at most 39 characters): its length."""
     cdef uint32_t value
-    cdef Py_ssize_t n, i
-    cdef bytes text
-    if code == C_ADDR4:
-        n = 0
-        for i in range(4):
-            if i:
-                p[n] = c'.'
-                n += 1
-            n += _write_u32(p + n, raw[i])
-        return n
-    if code == C_ADDR6:
-        if _mapped(raw):
-            text = str(ipaddress.ip_address(PyBytes_FromStringAndSize(<char*>raw, 16))).encode()
-            n = len(text)
-            memcpy(p, PyBytes_AS_STRING(text), n)
-            return n
-        return _write_ipv6(p, raw)
+    cdef Py_ssize_t i
+    if code == C_ADDR4 or code == C_ADDR6:
+        return _write_address(p, C_AF_INET if code == C_ADDR4 else C_AF_INET6, raw)
     if code == C_PROTO:
         if raw[0] == 6:
             memcpy(p, b"tcp", 3)
