@@ -9,10 +9,12 @@ What makes it fast: requests are written straight into one growing C buffer (add
 and cut into `send` buffers by memcpy; a dump's attributes are found and read in place in the
 received bytes, addresses written as text in C (as `ipaddress` writes them).
 
-Anything off the common path takes the pure twin's code (copied below, Python): an address
-that `inet_pton` does not read (the Python code then reads it, or raises the same error), a
-number that is not a plain int in range (the Python check raises), and IPv4-mapped IPv6
-addresses in a dump (whose text depends on the Python version).
+Anything off the common path takes the pure twin's code (`_pycodec`, imported, not copied):
+an address that `inet_pton` does not read (its `_packed` then reads it, or raises the same
+error), a number that is not a plain int in range (its `_check` raises); IPv4-mapped IPv6
+addresses in a dump are written by `ipaddress` (their text depends on the Python version).
+The constants and `CodecError` are the pure twin's own, so that either twin's errors are
+caught alike. The address code in C is shared with the nf_tables codec (ext/netaddr.pxi).
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
@@ -22,35 +24,42 @@ from cpython.unicode cimport PyUnicode_DecodeASCII
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
 
-import ipaddress
 import os
-import struct
 
 cdef extern from "Python.h":
     bint PyUnicode_IS_COMPACT_ASCII(object o)
     const char* PyUnicode_AsUTF8AndSize(object o, Py_ssize_t* size) except NULL
 
-IMPLEMENTATION = "compiled"
+# The pure twin: its constants, its error, and its code for the slow path.
+from lace_proxy.dataplane.ipvs._pycodec import (
+    AF_INET,
+    AF_INET6,
+    GENL_VERSION,
+    IP_VS_CONN_F_MASQ,
+    IP_VS_SVC_F_PERSISTENT,
+    IPVS_CMD_DEL_DEST,
+    IPVS_CMD_DEL_SERVICE,
+    IPVS_CMD_GET_DEST,
+    IPVS_CMD_GET_SERVICE,
+    IPVS_CMD_NEW_DEST,
+    IPVS_CMD_NEW_SERVICE,
+    IPVS_CMD_SET_DEST,
+    IPVS_CMD_SET_SERVICE,
+    NLM_F_ACK,
+    NLM_F_DUMP,
+    NLM_F_REQUEST,
+    NLMSG_DONE,
+    NLMSG_ERROR,
+    NLMSG_MIN_TYPE,
+    CodecError,
+    _check,
+    _NLA,
+    _packed,
+    _SERVER_COMMANDS,
+    _SERVICE_COMMANDS,
+)
 
-GENL_VERSION = 1
-IPVS_CMD_NEW_SERVICE = 1
-IPVS_CMD_SET_SERVICE = 2
-IPVS_CMD_DEL_SERVICE = 3
-IPVS_CMD_GET_SERVICE = 4
-IPVS_CMD_NEW_DEST = 5
-IPVS_CMD_SET_DEST = 6
-IPVS_CMD_DEL_DEST = 7
-IPVS_CMD_GET_DEST = 8
-IP_VS_SVC_F_PERSISTENT = 0x0001
-IP_VS_CONN_F_MASQ = 0
-NLM_F_REQUEST = 0x1
-NLM_F_ACK = 0x4
-NLM_F_DUMP = 0x300
-NLMSG_ERROR = 2
-NLMSG_DONE = 3
-NLMSG_MIN_TYPE = 0x10
-AF_INET = 2
-AF_INET6 = 10
+IMPLEMENTATION = "compiled"
 
 cdef enum:
     CMD_SERVICE = 1
@@ -75,36 +84,6 @@ cdef enum:
     DEST_FAMILY = 11
     SLOTS = 16  # attribute types read from a dump's nest: 0..15
     KEY_MAX = 64  # a virtual service's key attributes at most (IPv6: 48)
-
-_NLMSG = struct.Struct("=IHHII")
-_GENL = struct.Struct("=BBH")
-_NLA = struct.Struct("=HH")
-_U16 = struct.Struct("=H")
-_U32 = struct.Struct("=I")
-_BE16 = struct.Struct(">H")
-_SERVICE_COMMANDS = (IPVS_CMD_NEW_SERVICE, IPVS_CMD_SET_SERVICE, IPVS_CMD_DEL_SERVICE)
-_SERVER_COMMANDS = (IPVS_CMD_NEW_DEST, IPVS_CMD_SET_DEST, IPVS_CMD_DEL_DEST)
-
-
-class CodecError(ValueError):
-    """A request the codec cannot encode, or an answer it cannot read."""
-
-
-# --- The pure twin's code: the path for anything off the common one -----------------------
-
-
-def _check(name, value, limit):
-    if type(value) is not int or not 0 <= value <= limit:
-        raise CodecError(f"{name} {value!r} is out of range")
-    return value
-
-
-def _packed(address):
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError as error:  # ipaddress's: not the codec's CodecError
-        raise CodecError(str(error)) from None
-    return (AF_INET if ip.version == 4 else AF_INET6), ip.packed
 
 
 # --- C helpers -----------------------------------------------------------------------------

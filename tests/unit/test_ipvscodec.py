@@ -472,3 +472,13 @@ def test_sequence_numbers_run_out_at_32_bits(twin: ModuleType) -> None:
     with pytest.raises(twin.CodecError, match="sequence numbers exhausted"):
         requests.service(1, 6, "10.0.0.2", 80, "rr", 0)
     assert len(requests) == 1
+
+
+def test_the_twins_raise_one_codec_error(compiled: ModuleType) -> None:
+    """One class, the pure twin's, raised from C and from the pure code the compiled twin
+    calls alike: a caller catching `codec.CodecError` catches what either twin raises."""
+    assert compiled.CodecError is _pycodec.CodecError
+    with pytest.raises(_pycodec.CodecError, match="is not a virtual-service command"):
+        compiled.Requests(FAMILY, 1).service(5, 6, "10.0.0.1", 80, "rr", 0)
+    with pytest.raises(_pycodec.CodecError, match="port -1 is out of range"):
+        compiled.Requests(FAMILY, 1).service(1, 6, "10.0.0.1", -1, "rr", 0)
