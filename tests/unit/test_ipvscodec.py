@@ -26,6 +26,8 @@ from pyroute2.netlink.generic import ipvs as genl_ipvs
 
 from lace_proxy.dataplane.ipvs import _pycodec
 
+from .codeckit import codec_fixtures, random_address
+
 NLMSG = struct.Struct("=IHHII")
 FAMILY = 0x1F  # an IPVS family id, as the kernel numbers it at boot
 PROTOCOLS = (6, 17, 132)
@@ -34,39 +36,10 @@ SERVICE_COMMANDS = (1, 2, 3)  # IPVS_CMD_NEW/SET/DEL_SERVICE
 SERVER_COMMANDS = (5, 6, 7)  # IPVS_CMD_NEW/SET/DEL_DEST
 
 
-@pytest.fixture
-def compiled() -> ModuleType:
-    return pytest.importorskip(
-        "lace_proxy.dataplane.ipvs._ccodec",
-        reason="the compiled codec is not built (python setup.py build_ext --inplace)",
-    )
-
-
-@pytest.fixture(params=["pure", "compiled"])
-def twin(request: pytest.FixtureRequest) -> ModuleType:
-    if request.param == "pure":
-        return _pycodec
-    module: ModuleType = request.getfixturevalue("compiled")
-    return module
+compiled, twin = codec_fixtures("lace_proxy.dataplane.ipvs._ccodec", _pycodec)
 
 
 # --- Random virtual and real servers -----------------------------------------------------------
-
-
-def _ipv6(rng: random.Random) -> str:
-    roll = rng.random()
-    if roll < 0.05:  # IPv4-mapped: its text differs between Python versions
-        return str(ipaddress.IPv6Address(f"::ffff:{ipaddress.IPv4Address(rng.getrandbits(32))}"))
-    if roll < 0.1:
-        return str(ipaddress.IPv6Address(rng.choice([0, 1, (1 << 128) - 1, 1 << 112])))
-    hextets = [
-        0 if rng.random() < 0.45 else rng.getrandbits(rng.choice([4, 8, 16])) for _ in "12345678"
-    ]
-    return str(ipaddress.IPv6Address(sum(h << (16 * (7 - i)) for i, h in enumerate(hextets))))
-
-
-def _address(rng: random.Random, version: int) -> str:
-    return str(ipaddress.IPv4Address(rng.getrandbits(32))) if version == 4 else _ipv6(rng)
 
 
 def _port(rng: random.Random) -> int:
@@ -76,12 +49,12 @@ def _port(rng: random.Random) -> int:
 def _call(rng: random.Random) -> tuple[str, tuple[Any, ...]]:
     """One request: ("service", args) or ("server", args), as the sync makes them."""
     version = rng.choice([4, 6])
-    key = (rng.choice(PROTOCOLS), _address(rng, version), _port(rng))
+    key = (rng.choice(PROTOCOLS), random_address(rng, version), _port(rng))
     if rng.random() < 0.3:
         timeout = rng.choice([0, 0, 1, 10800, 86400, 0xFFFFFFFF])
         return "service", (rng.choice(SERVICE_COMMANDS), *key, rng.choice(SCHEDULERS), timeout)
     weight = rng.choice([0, 1, 1, 2, 100, 0x7FFFFFFF])
-    server = _address(rng, version)
+    server = random_address(rng, version)
     return "server", (rng.choice(SERVER_COMMANDS), *key, server, _port(rng), weight)
 
 
@@ -266,7 +239,7 @@ def test_the_twins_build_the_same_dump_requests(compiled: ModuleType) -> None:
             family, sequence
         )
         version = rng.choice([4, 6])
-        key = (rng.choice(PROTOCOLS), _address(rng, version), _port(rng))
+        key = (rng.choice(PROTOCOLS), random_address(rng, version), _port(rng))
         made = _pycodec.servers_request(family, sequence, *key)
         assert made == compiled.servers_request(family, sequence, *key)
         cmd, attrs = _decoded(made)
@@ -309,7 +282,7 @@ def _service_answer(rng: random.Random) -> tuple[bytes, tuple[int, str, int, int
         protocol, address, port = 0, "", 0
         attrs += _nla(5, struct.pack("=I", fwmark))
     else:
-        fwmark, protocol, address, port = 0, rng.choice(PROTOCOLS), _address(rng, version), 0
+        fwmark, protocol, address, port = 0, rng.choice(PROTOCOLS), random_address(rng, version), 0
         port = _port(rng)
         attrs += _nla(2, struct.pack("=H", protocol)) + _nla(3, _inet(address))
         attrs += _nla(4, struct.pack(">H", port))
@@ -331,7 +304,7 @@ def _server_answer(
 ) -> tuple[bytes, tuple[str, int, int, int, int, int]]:
     """One NEW_DEST message as ip_vs_genl_fill_dest writes it (new kernels name the real
     server's family, old ones do not), and its values."""
-    address, port = _address(rng, version), _port(rng)
+    address, port = random_address(rng, version), _port(rng)
     forward = rng.choice([0, 0, 2, 3])
     weight, active, inactive = (rng.choice([0, 1, rng.getrandbits(31)]) for _ in "abc")
     attrs = _nla(1, _inet(address)) + _nla(2, struct.pack(">H", port))

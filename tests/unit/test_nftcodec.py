@@ -33,6 +33,8 @@ from lace_proxy.dataplane.nftables._pycodec import (
 )
 from testkit.nftdump import batch_messages, dump_answers
 
+from .codeckit import codec_fixtures, random_address
+
 CONTAINERS = [
     *sorted(codec._BY_NAME),
     "reach-abcdefgh-v4",
@@ -51,46 +53,15 @@ def _layout(container: str) -> codec.Layout:
     return found
 
 
-@pytest.fixture
-def compiled() -> ModuleType:
-    return pytest.importorskip(
-        "lace_proxy.dataplane.nftables._ccodec",
-        reason="the compiled codec is not built (python setup.py build_ext --inplace)",
-    )
-
-
-@pytest.fixture(params=["pure", "compiled"])
-def twin(request: pytest.FixtureRequest) -> ModuleType:
-    if request.param == "pure":
-        return _pycodec
-    module: ModuleType = request.getfixturevalue("compiled")
-    return module
+compiled, twin = codec_fixtures("lace_proxy.dataplane.nftables._ccodec", _pycodec)
 
 
 # --- Random elements, in the text the parser writes back --------------------------------------
 
 
-def _ipv6(rng: random.Random) -> ipaddress.IPv6Address:
-    roll = rng.random()
-    if roll < 0.05:  # IPv4-mapped: its text differs between Python versions
-        return ipaddress.IPv6Address(f"::ffff:{ipaddress.IPv4Address(rng.getrandbits(32))}")
-    if roll < 0.1:
-        return ipaddress.IPv6Address(rng.choice([0, 1, (1 << 128) - 1, 1 << 112]))
-    hextets = [
-        0 if rng.random() < 0.45 else rng.getrandbits(rng.choice([4, 8, 16])) for _ in "12345678"
-    ]
-    return ipaddress.IPv6Address(sum(h << (16 * (7 - i)) for i, h in enumerate(hextets)))
-
-
-def _address(rng: random.Random, code: int) -> str:
-    if code == ADDR4:
-        return str(ipaddress.IPv4Address(rng.getrandbits(32)))
-    return str(_ipv6(rng))
-
-
 def _token(rng: random.Random, code: int) -> str:
     if code in (ADDR4, ADDR6):
-        return _address(rng, code)
+        return random_address(rng, 4 if code == ADDR4 else 6)
     if code == PROTO:
         number = rng.choice([6, 17, 132, rng.randrange(256)])
         return {6: "tcp", 17: "udp", 132: "sctp"}.get(number, str(number))

@@ -1,0 +1,51 @@
+"""What the tests of the two netlink codecs (nf_tables, IPVS) share: their twin fixtures and
+the random addresses both feed their twins, the edges where hand-written C goes wrong among
+them (zero runs, IPv4-mapped IPv6)."""
+
+from __future__ import annotations
+
+import ipaddress
+import random
+from types import ModuleType
+
+import pytest
+
+
+def codec_fixtures(compiled: str, pure: ModuleType) -> tuple[object, object]:
+    """A codec's `compiled` fixture (its compiled twin; the test skipped where it is not
+    built) and `twin` fixture (each twin in turn), to be bound to those names in the test
+    module: `compiled, twin = codec_fixtures(...)`."""
+
+    @pytest.fixture(name="compiled")
+    def compiled_fixture() -> ModuleType:
+        return pytest.importorskip(
+            compiled, reason="the compiled codec is not built (python setup.py build_ext --inplace)"
+        )
+
+    @pytest.fixture(name="twin", params=["pure", "compiled"])
+    def twin_fixture(request: pytest.FixtureRequest) -> ModuleType:
+        if request.param == "pure":
+            return pure
+        module: ModuleType = request.getfixturevalue("compiled")
+        return module
+
+    return compiled_fixture, twin_fixture
+
+
+def random_ipv6(rng: random.Random) -> str:
+    """An IPv6 address in `ipaddress`'s text: now and then IPv4-mapped (its text differs
+    between Python versions) or an edge, else hextets that are often zero, often short."""
+    roll = rng.random()
+    if roll < 0.05:
+        return str(ipaddress.IPv6Address(f"::ffff:{ipaddress.IPv4Address(rng.getrandbits(32))}"))
+    if roll < 0.1:
+        return str(ipaddress.IPv6Address(rng.choice([0, 1, (1 << 128) - 1, 1 << 112])))
+    hextets = [
+        0 if rng.random() < 0.45 else rng.getrandbits(rng.choice([4, 8, 16])) for _ in "12345678"
+    ]
+    return str(ipaddress.IPv6Address(sum(h << (16 * (7 - i)) for i, h in enumerate(hextets))))
+
+
+def random_address(rng: random.Random, version: int) -> str:
+    """An IPv4 (`version` 4) or IPv6 address in `ipaddress`'s text."""
+    return str(ipaddress.IPv4Address(rng.getrandbits(32))) if version == 4 else random_ipv6(rng)
