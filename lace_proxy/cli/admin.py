@@ -77,7 +77,9 @@ same endpoint until they close.""",
     completion.add_argument("shell", choices=("bash", "zsh", "tcsh"))
     completion.set_defaults(func=cmd_completion)
 
-    version = commands.add_parser("version", help="print the version and the active table twin")
+    version = commands.add_parser(
+        "version", help="print the version and the active twins (table, codecs)"
+    )
     version.set_defaults(func=cmd_version)
 
 
@@ -149,9 +151,11 @@ def cmd_completion(args: argparse.Namespace) -> int:
 
 
 def cmd_version(args: argparse.Namespace) -> int:
-    """The version, and which twins are active (compiled or pure): the service table's and
-    the nftables element codec's."""
-    from lace_proxy.dataplane.nftables.codec import IMPLEMENTATION as codec
+    """The version, and which twins are active (compiled or pure): the service table's, the
+    nftables element codec's and the IPVS codec's."""
+    from lace_proxy.dataplane.ipvs.codec import IMPLEMENTATION as ipvs
+    from lace_proxy.dataplane.nftables.codec import IMPLEMENTATION as nft
 
-    print(f"lace-proxy {__version__} ({implementation()} service table, {codec} nftables codec)")
+    twins = f"{implementation()} service table, {nft} nftables codec, {ipvs} IPVS codec"
+    print(f"lace-proxy {__version__} ({twins})")
     return 0
