@@ -1,6 +1,6 @@
 """The nf_tables element codec: encode and parse rates of both twins.
 
-    python bench/bench_codec.py [--elements 1000000] [--repeat 3] [--layouts endpoints-v4,...]
+    python bench/bench_codec.py [--elements 1000000] [--repeat 3] [--layouts endpoints-0-v4,...]
 
 For each layout, N synthetic elements in the renderer's text (a cold start's worth: 30k
 services with 10 endpoints each is about a million endpoint elements) are encoded into one
@@ -38,20 +38,17 @@ def _ip6(prefix: str, n: int) -> str:
 
 
 def elements(container: str, count: int) -> list[str]:
-    """`count` elements of a container, as the renderer writes them (10 endpoints each)."""
+    """`count` elements of a container, as the renderer writes them."""
     out = []
     for n in range(count):
         service, endpoint = divmod(n, 10)
         proto = ("tcp", "udp", "tcp", "sctp")[service % 4]
         port = 1 + service % 65000
-        if container == "endpoints-v4":
+        if container == "endpoints-0-v4":
+            out.append(f"{_ip4(10, n)} . {proto} . {port} : {_ip4(100, n)} . {8000 + endpoint}")
+        elif container == "endpoints-0-v6":
             out.append(
-                f"{_ip4(10, service)} . {proto} . {port} . {endpoint}"
-                f" : {_ip4(100, n)} . {8000 + endpoint}"
-            )
-        elif container == "endpoints-v6":
-            out.append(
-                f"{_ip6('fd00:10::', service)} . {proto} . {port} . {endpoint}"
+                f"{_ip6('fd00:10::', n)} . {proto} . {port}"
                 f" : {_ip6('fd00:100::', n)} . {8000 + endpoint}"
             )
         elif container == "service-ips-v4":
@@ -70,8 +67,8 @@ def elements(container: str, count: int) -> list[str]:
 
 
 LAYOUTS = (
-    "endpoints-v4",
-    "endpoints-v6",
+    "endpoints-0-v4",
+    "endpoints-0-v6",
     "service-ips-v4",
     "affinity-ids-v4",
     "service-ports-v4",

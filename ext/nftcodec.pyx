@@ -67,7 +67,6 @@ from lace_proxy.dataplane.nftables._pycodec import (
     NLM_F_REQUEST,
     NLMSG_DONE,
     NLMSG_ERROR,
-    NUMBER,
     PORT,
     PROTO,
     VERDICT,
@@ -90,8 +89,7 @@ cdef enum:
     C_PROTO = 2
     C_PORT = 3
     C_MARK = 4
-    C_NUMBER = 5
-    C_VERDICT = 6
+    C_VERDICT = 5
     MAX_FIELDS = 8
     ITEM_MAX = 2048  # a fast-path NFTA_LIST_ELEM's bytes at most (else the Python path)
     TEXT_MAX = 2048  # a fast-path element's text at most
@@ -128,7 +126,7 @@ cdef bint _layout_codes(object fields, int* out, int* count):
         return False
     for i in range(n):
         code = fields[i]
-        if type(code) is not int or not 0 <= code <= C_NUMBER:
+        if type(code) is not int or not 0 <= code <= C_MARK:
             return False
         out[i] = code
     count[0] = <int>n
@@ -206,7 +204,7 @@ cdef int _encode_field(int code, const char* s, Py_ssize_t n, unsigned char* out
         out[0] = <unsigned char>(value >> 8)
         out[1] = <unsigned char>(value & 0xFF)
         return 2
-    if code == C_MARK or code == C_NUMBER:
+    if code == C_MARK:
         if not _number(s, n, 0xFFFFFFFF, &value):
             return 0
         host = <uint32_t>value
@@ -319,8 +317,6 @@ cdef Py_ssize_t _write_field(char* p, int code, const unsigned char* raw) except
     if code == C_PORT:
         return _write_u32(p, (<uint32_t>raw[0] << 8) | raw[1])
     memcpy(&value, raw, 4)
-    if code == C_NUMBER:
-        return _write_u32(p, value)
     # MARK: "%#010x"
     p[0] = c'0'
     p[1] = c'x'

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from lace_proxy.dataplane.base import Dataplane, FullSyncRequired
+from lace_proxy.dataplane.base import Dataplane
 from lace_proxy.dataplane.routes import PolicyRoutes
 from lace_proxy.health import (
     HealthCheckPorts,
@@ -342,15 +342,11 @@ class Proxier:
         try:
             count = 0
             if not full and (changes or layout != self._programmed_layout):
-                try:
-                    count = await loop.run_in_executor(
-                        self._executor, self.dataplane.apply, changes, layout
-                    )
-                    self.table.commit()
-                    self._programmed_layout = layout
-                except FullSyncRequired as exc:
-                    log.info("%s: doing a full sync", exc)
-                    full = True
+                count = await loop.run_in_executor(
+                    self._executor, self.dataplane.apply, changes, layout
+                )
+                self.table.commit()
+                self._programmed_layout = layout
             elif not full:
                 self.table.commit()
             if full:

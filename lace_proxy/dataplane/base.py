@@ -18,21 +18,17 @@ from typing import Protocol
 from lace_proxy.networks.graph import NetworkLayout
 from lace_proxy.table import Changeset, Plan
 
-__all__ = ["NO_NETWORKS", "Changeset", "Dataplane", "FullSyncRequired", "NetworkLayout", "Plan"]
+__all__ = ["NO_NETWORKS", "Changeset", "Dataplane", "NetworkLayout", "Plan"]
 
 #: The layout without Network objects: plain kube-proxy.
 NO_NETWORKS = NetworkLayout()
 
 
-class FullSyncRequired(Exception):
-    """A change needs objects only a full sync can make; nothing was applied."""
-
-
 class Dataplane(Protocol):
     """What the proxier needs of a backend; `lace-proxy cleanup` also calls `cleanup`.
 
-    A sync that raises anything but FullSyncRequired failed: the proxier keeps serving what
-    the kernel holds and makes its next sync a full one (after a backoff).
+    A sync that raises failed: the proxier keeps serving what the kernel holds and makes
+    its next sync a full one (after a backoff).
     """
 
     def full_sync(
@@ -50,8 +46,7 @@ class Dataplane(Protocol):
 
     def apply(self, changes: Changeset, layout: NetworkLayout) -> int:
         """Program `changes` (and `layout`, if it differs from the last one taken); returns
-        the number of kernel operations. Raises FullSyncRequired, having applied nothing,
-        when only a full sync can program them."""
+        the number of kernel operations."""
         ...
 
     def node_addresses_changed(self, addresses: tuple[str, ...]) -> bool:

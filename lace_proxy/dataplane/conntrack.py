@@ -147,12 +147,10 @@ def _untranslated(
 
 
 #: Endpoint maps of the nftables table, by the frontend kind their keys start with.
-_ENDPOINT_MAPS = {
-    "endpoints": "address",
-    "local-endpoints": "address",
-    "nodeport-endpoints": "nodeport",
-    "nodeport-local-endpoints": "nodeport",
-}
+#: The nftables table's endpoint maps, one per index: MAP-I-vF (nftables/shared.py).
+_ENDPOINT_MAP = re.compile(r"^((?:nodeport-)?(?:local-)?endpoints)-[0-9]+-v([46])$")
+#: Its sets of the frontends with N endpoints: MAP-count-N-vF.
+_COUNT_SET = re.compile(r"^(?:nodeport-)?(?:local-)?endpoints-count-[0-9]+-v([46])$")
 
 
 def stale_udp_filters_by_elements(
@@ -167,32 +165,60 @@ def stale_udp_filters_by_elements(
     standby = _standby_pairs(plans)
     for fam in (4, 6):
         family = ("-f", "ipv6") if fam == 6 else ()
-        for prefix, kind in _ENDPOINT_MAPS.items():
-            gone, new = diff.get(f"{prefix}-v{fam}", (set(), set()))
-            for frontend, endpoint in sorted(_pairs(gone) - _pairs(new) - standby):
-                parts = frontend.split(" . ")
-                if "udp" not in parts:
-                    continue
-                ip, _, port = endpoint.partition(" . ")
-                reply = ("--reply-src", ip, "--reply-port-src", port)
-                if kind == "nodeport":
-                    out.moved.append((*family, "--orig-port-dst", parts[1], *reply))
-                else:
-                    out.moved.append(
-                        (*family, "--orig-dst", parts[0], "--orig-port-dst", parts[2], *reply)
-                    )
-        for container, kind in (("service-ips", "address"), ("service-nodeports", "nodeport")):
-            gone, new = diff.get(f"{container}-v{fam}", (set(), set()))
-            before = {e.partition(" : ")[0] for e in gone}
-            for key in sorted({e.partition(" : ")[0] for e in new} - before):
-                parts = key.split(" . ")
-                if "udp" not in parts:
-                    continue
-                if kind == "nodeport":
-                    out.untranslated += _untranslated(family, (), 0, parts[1])
-                else:
-                    out.untranslated += _untranslated(family, (parts[0],), parts[2], None)
+        # (frontend, endpoint) pairs by map, whatever their index (which shifts as others go).
+        gone: dict[str, set[tuple[str, str]]] = {}
+        new: dict[str, set[tuple[str, str]]] = {}
+        for container, (before, after) in diff.items():
+            match = _ENDPOINT_MAP.match(container)
+            if match is not None and match[2] == str(fam):
+                gone.setdefault(match[1], set()).update(_pairs(before))
+                new.setdefault(match[1], set()).update(_pairs(after))
+        stale = set().union(*(pairs - new[m] for m, pairs in gone.items())) - standby
+        for frontend, endpoint in sorted(stale):
+            parts = frontend.split(" . ")
+            if "udp" not in parts:
+                continue
+            ip, _, port = endpoint.partition(" . ")
+            reply = ("--reply-src", ip, "--reply-port-src", port)
+            if len(parts) == 2:  # a NodePort: protocol . port
+                out.moved.append((*family, "--orig-port-dst", parts[1], *reply))
+            else:
+                out.moved.append(
+                    (*family, "--orig-dst", parts[0], "--orig-port-dst", parts[2], *reply)
+                )
+        before, now = _served_frontends(diff, fam)
+        for key in sorted(now - before):
+            parts = key.split(" . ")
+            if "udp" not in parts:
+                continue
+            if len(parts) == 2:  # a NodePort: protocol . port
+                out.untranslated += _untranslated(family, (), 0, parts[1])
+            else:
+                out.untranslated += _untranslated(family, (parts[0],), parts[2], None)
     return out
+
+
+#: A dispatch element to a shared chain: there whether the frontend is served or not.
+_SHARED_DISPATCH = re.compile(r" : goto a?(?:lb|ext|xl|np|npl)-v[46]$")
+
+
+def _served_frontends(
+    diff: Mapping[str, tuple[set[str], set[str]]], fam: int
+) -> tuple[set[str], set[str]]:
+    """The frontends a full sync's diff shows served before (gone) and now (new): in a count
+    set (those of several sets only ever move between them), or sent to a per-service chain."""
+    before: set[str] = set()
+    now: set[str] = set()
+    for container, (gone, new) in diff.items():
+        match = _COUNT_SET.match(container)
+        if match is not None and match[1] == str(fam):
+            before |= gone
+            now |= new
+    for container in (f"service-ips-v{fam}", f"service-nodeports-v{fam}"):
+        gone, new = diff.get(container, (set(), set()))
+        before |= {e.partition(" : ")[0] for e in gone if not _SHARED_DISPATCH.search(e)}
+        now |= {e.partition(" : ")[0] for e in new if not _SHARED_DISPATCH.search(e)}
+    return before, now
 
 
 def _standby_pairs(plans: Iterable[Plan]) -> set[tuple[str, str]]:
@@ -215,11 +241,11 @@ def _addresses(plan: Plan) -> tuple[str, ...]:
 
 
 def _pairs(elements: Iterable[str]) -> set[tuple[str, str]]:
-    """(frontend, endpoint) of endpoint-map elements `FRONTEND . INDEX : IP . PORT`."""
+    """(frontend, endpoint) of endpoint-map elements `FRONTEND : IP . PORT`."""
     out = set()
     for element in elements:
         key, _, endpoint = element.partition(" : ")
-        out.add((key.rpartition(" . ")[0], endpoint))
+        out.add((key, endpoint))
     return out
 
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from lace_proxy.dataplane.nftables.kernel import KernelState
 from lace_proxy.dataplane.nftables.render import Rendered, Renderer, element_key, name_hash
+from lace_proxy.dataplane.nftables.skeleton import NO_ENDPOINT_SETS
 from lace_proxy.explain.explanation import Expect, Explanation, KernelCheck
 from lace_proxy.explain.query import Query
 from lace_proxy.table import NODE_PORT, Access
@@ -48,15 +49,18 @@ def access_elements(plan: Plan, f: Frontend, network: str | None) -> tuple[str, 
 
 
 def dispatch_expects(plan: Plan, f: Frontend, q: Query) -> list[Expect]:
-    """The frontend's dispatch element: in the kernel at all, whatever its verdict."""
+    """The frontend's dispatch element: in the kernel at all, whatever its verdict (a
+    dispatch map's, or a set's that refuses it for want of endpoints)."""
     _, element, _ = access_elements(plan, f, None)
     v = f"v{plan.family}"
-    maps: tuple[str, ...]
-    if f.kind == NODE_PORT:
-        maps = (f"service-nodeports-{v}", f"no-endpoint-nodeports-{v}")
-    else:
-        maps = (f"service-ips-{v}", f"no-endpoint-services-{v}", f"no-local-endpoint-services-{v}")
-    return [Expect(maps, element, True, "the service's dispatch", programmed=True)]
+    nodeport = f.kind == NODE_PORT
+    dispatch = f"service-nodeports-{v}" if nodeport else f"service-ips-{v}"
+    refusals = tuple(
+        f"{name}-{v}"
+        for name in NO_ENDPOINT_SETS
+        if name.startswith("no-endpoint-nodeport-") == nodeport
+    )
+    return [Expect((dispatch, *refusals), element, True, "the service's dispatch", programmed=True)]
 
 
 def unpeered_expect(q: Query, present: bool) -> Expect:

@@ -185,20 +185,20 @@ def test_drift_is_repaired_element_by_element(tb: Testbed, tmp_path: Path) -> No
             "element",
             "inet",
             "lace-proxy",
-            "endpoints-v4",
-            f"{{ {VIP4} . tcp . 80 . 1 }}",
+            "endpoints-1-v4",
+            f"{{ {VIP4} . tcp . 80 }}",
         ],
     )
-    tb.exec(tb.node, [*t, "flush", "chain", "inet", "lace-proxy", "ext-v4-2"])
+    tb.exec(tb.node, [*t, "flush", "chain", "inet", "lace-proxy", "ext-v4"])
     tb.exec(tb.node, [*t, "add", "chain", "inet", "lace-proxy", "intruder"])
     harness.sync(full=True)
     (tx,) = recorder.applied
     assert sorted(tx.lines()) == sorted(
         [
-            f"add element inet lace-proxy endpoints-v4 {{ {VIP4} . tcp . 80 . 1 : "
+            f"add element inet lace-proxy endpoints-1-v4 {{ {VIP4} . tcp . 80 : "
             f"{tb.pods[1].ipv4} . 8080 }}",
-            "flush chain inet lace-proxy ext-v4-2",
-            *(c for c in tx.lines() if c.startswith("add rule inet lace-proxy ext-v4-2 ")),
+            "flush chain inet lace-proxy ext-v4",
+            *(c for c in tx.lines() if c.startswith("add rule inet lace-proxy ext-v4 ")),
             "flush chain inet lace-proxy intruder",
             "delete chain inet lace-proxy intruder",
         ]
@@ -218,19 +218,19 @@ def test_a_plain_full_sync_reads_no_element_but_notices_a_changed_structure(
     program(harness, every_kind(tb))
     recorder.applied.clear()
     recorder.listings = 0
-    element = f"{{ {VIP4} . tcp . 80 . 1 }}"
-    tb.exec(tb.node, ["nft", "delete", "element", "inet", "lace-proxy", "endpoints-v4", element])
+    element = f"{{ {VIP4} . tcp . 80 }}"
+    tb.exec(tb.node, ["nft", "delete", "element", "inet", "lace-proxy", "endpoints-1-v4", element])
     # Listing a million elements takes nft tens of seconds: a periodic full sync does not.
     harness.sync(full=True)
     assert (recorder.listings, recorder.applied) == (0, [])
     # A changed structure is seen (chains and rules are read in milliseconds), and then
     # every element is verified: the deleted one comes back too.
-    tb.exec(tb.node, ["nft", "flush", "chain", "inet", "lace-proxy", "ext-v4-2"])
+    tb.exec(tb.node, ["nft", "flush", "chain", "inet", "lace-proxy", "ext-v4"])
     harness.sync(full=True)
     assert recorder.listings == 1
     (tx,) = recorder.applied
-    assert any(c.startswith("add element inet lace-proxy endpoints-v4") for c in tx.lines())
-    assert "flush chain inet lace-proxy ext-v4-2" in tx.lines()
+    assert any(c.startswith("add element inet lace-proxy endpoints-1-v4") for c in tx.lines())
+    assert "flush chain inet lace-proxy ext-v4" in tx.lines()
 
 
 def test_clients_keep_their_affinity_across_a_restart(tb: Testbed, tmp_path: Path) -> None:

@@ -147,8 +147,8 @@ def test_a_refused_transaction_keeps_serving_and_recovers(tb: Testbed, tmp_path:
         await eventually(lambda: _eq(answers(tb, 10), {"pod1", "pod2", "pod3"}))
         # Someone deletes one of our elements behind our back: the next change, which
         # deletes that element too, is refused by the kernel (ENOENT) as a whole.
-        element = f"{{ {VIP4} . tcp . 80 . 2 }}"
-        delete = ["nft", "delete", "element", "inet", "lace-proxy", "endpoints-v4", element]
+        element = f"{{ {VIP4} . tcp . 80 }}"
+        delete = ["nft", "delete", "element", "inet", "lace-proxy", "endpoints-2-v4", element]
         tb.exec(tb.node, delete)
         failures = proxier.stats.failures
         proxier.slice_upserted(parse_endpoint_slice(endpoints("web", tb.pods[:2])))

@@ -82,16 +82,16 @@ def test_not_serving_is_stale(twin: ModuleType) -> None:
 def test_a_full_sync_after_a_restart_spares_standby_endpoints(twin: ModuleType) -> None:
     """The kernel's maps held OLD; now it is terminating (on standby), or gone."""
     programmed = {
-        "endpoints-v4": {
-            f"{a} . udp . 53 . 0 : {OLD} . 8080" for a in ("10.96.0.10", "192.0.2.7", "192.0.2.8")
+        "endpoints-0-v4": {
+            f"{a} . udp . 53 : {OLD} . 8080" for a in ("10.96.0.10", "192.0.2.7", "192.0.2.8")
         },
-        "nodeport-endpoints-v4": {f"udp . 30053 . 0 : {OLD} . 8080"},
+        "nodeport-endpoints-0-v4": {f"udp . 30053 : {OLD} . 8080"},
     }
     wanted = {
-        "endpoints-v4": {
-            f"{a} . udp . 53 . 0 : {NEW} . 8080" for a in ("10.96.0.10", "192.0.2.7", "192.0.2.8")
+        "endpoints-0-v4": {
+            f"{a} . udp . 53 : {NEW} . 8080" for a in ("10.96.0.10", "192.0.2.7", "192.0.2.8")
         },
-        "nodeport-endpoints-v4": {f"udp . 30053 . 0 : {NEW} . 8080"},
+        "nodeport-endpoints-0-v4": {f"udp . 30053 : {NEW} . 8080"},
     }
     diff = {name: (programmed[name], wanted[name]) for name in programmed}
     for endpoints, expected in (((ep(OLD, **TERMINATING), ep(NEW)), set()), ((ep(NEW),), to(OLD))):
@@ -101,6 +101,10 @@ def test_a_full_sync_after_a_restart_spares_standby_endpoints(twin: ModuleType) 
         table.build()
         table.commit()
         assert deleted(stale_udp_filters_by_elements(diff, table.plans())) == expected
+    # An endpoint now at another index (another endpoint left) is still the frontend's.
+    element = f"10.96.0.10 . udp . 53 : {OLD} . 8080"
+    shifted = {"endpoints-1-v4": ({element}, set()), "endpoints-0-v4": (set(), {element})}
+    assert stale_udp_filters_by_elements(shifted).moved == []
 
 
 UNTRANSLATED = {
@@ -124,13 +128,21 @@ def test_a_frontend_just_served_drops_only_its_untranslated_flows(twin: ModuleTy
     stale = stale_udp_filters(table.build())
     assert (stale.moved, set(stale.untranslated)) == ([], UNTRANSLATED)
     table.commit()
-    # The same after a restart: the kernel's service maps lacked the frontends.
+    # The same after a restart: the kernel's count sets lacked the frontends.
     served = {
-        "service-ips-v4": {
-            f"{a} . udp . 53 : goto lb-v4-1" for a in ("10.96.0.10", "192.0.2.7", "192.0.2.8")
+        "endpoints-count-1-v4": {
+            f"{a} . udp . 53" for a in ("10.96.0.10", "192.0.2.7", "192.0.2.8")
         },
-        "service-nodeports-v4": {"udp . 30053 : goto np-v4-1"},
+        "nodeport-endpoints-count-1-v4": {"udp . 30053"},
     }
     diff = {name: (set(), elements) for name, elements in served.items()}
     stale = stale_udp_filters_by_elements(diff, table.plans())
     assert (stale.moved, set(stale.untranslated)) == ([], UNTRANSLATED)
+    # A frontend whose count changed was served before; a dispatch element to a shared
+    # chain is there for a service without endpoints too: neither is just served.
+    unserved = {
+        "endpoints-count-1-v4": ({"10.96.0.10 . udp . 53"}, set()),
+        "endpoints-count-2-v4": (set(), {"10.96.0.10 . udp . 53"}),
+        "service-ips-v4": (set(), {"192.0.2.9 . udp . 53 : goto ext-v4"}),
+    }
+    assert stale_udp_filters_by_elements(unserved).untranslated == []

@@ -7,9 +7,6 @@ from __future__ import annotations
 import asyncio
 import random
 
-import pytest
-
-from lace_proxy.dataplane.base import FullSyncRequired
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
 from lace_proxy.dataplane.nftables.kernel import KernelState
 from lace_proxy.model import EndpointSlice, Service
@@ -104,18 +101,19 @@ def test_an_endpoint_change_sends_only_its_elements() -> None:
     node.sync(full=True)
     node.put(*web("10.244.1.10", "10.244.2.10", "10.244.3.10"))
     assert node.sync() == [
-        f"add element {T} endpoints-v4 {{ {VIP} . tcp . 80 . 2 : 10.244.3.10 . 8080 }}",
-        f"delete element {T} service-ips-v4 {{ {VIP} . tcp . 80 }}",
-        f"add element {T} service-ips-v4 {{ {VIP} . tcp . 80 : goto lb-v4-3 }}",
-    ]  # no hairpin pair: the new endpoint runs on another node
+        f"add element {T} endpoints-2-v4 {{ {VIP} . tcp . 80 : 10.244.3.10 . 8080 }}",
+        f"delete element {T} endpoints-count-2-v4 {{ {VIP} . tcp . 80 }}",
+        f"add element {T} endpoints-count-3-v4 {{ {VIP} . tcp . 80 }}",
+    ]  # the count is data; no hairpin pair: the new endpoint runs on another node
     node.put(*web("10.244.3.10", "10.244.2.10", "10.244.1.10"))  # now this node's is .3
     node.sync()
     node.put(*web("10.244.1.10", "10.244.3.10"))
     assert node.sync() == [
-        f"delete element {T} endpoints-v4 {{ {VIP} . tcp . 80 . 1, {VIP} . tcp . 80 . 2 }}",
-        f"add element {T} endpoints-v4 {{ {VIP} . tcp . 80 . 1 : 10.244.3.10 . 8080 }}",
-        f"delete element {T} service-ips-v4 {{ {VIP} . tcp . 80 }}",
-        f"add element {T} service-ips-v4 {{ {VIP} . tcp . 80 : goto lb-v4-2 }}",
+        f"delete element {T} endpoints-1-v4 {{ {VIP} . tcp . 80 }}",
+        f"add element {T} endpoints-1-v4 {{ {VIP} . tcp . 80 : 10.244.3.10 . 8080 }}",
+        f"delete element {T} endpoints-2-v4 {{ {VIP} . tcp . 80 }}",
+        f"add element {T} endpoints-count-2-v4 {{ {VIP} . tcp . 80 }}",
+        f"delete element {T} endpoints-count-3-v4 {{ {VIP} . tcp . 80 }}",
         f"delete element {T} hairpin-v4 {{ 10.244.3.10 . 10.244.3.10 }}",
         f"add element {T} hairpin-v4 {{ 10.244.1.10 . 10.244.1.10 }}",
     ]
@@ -140,14 +138,14 @@ def test_a_periodic_full_sync_reads_elements_only_when_the_structure_changed() -
     node = node.restarted()
     assert node.sync(full=True) == []
     assert node.nft.listings == 1  # the first full sync of a process verifies every element
-    node.nft.tamper(f"delete element {T} endpoints-v4 {{ {VIP} . tcp . 80 . 1 }}")
+    node.nft.tamper(f"delete element {T} endpoints-1-v4 {{ {VIP} . tcp . 80 }}")
     assert node.sync(full=True) == []
     assert node.nft.listings == 1  # elements unread: the deleted one is not noticed yet
-    node.nft.tamper(f"flush chain {T} ext-v4-2")
+    node.nft.tamper(f"flush chain {T} ext-v4")
     sent = node.sync(full=True)
     assert node.nft.listings == 2  # the structure differs: every element is verified
-    assert f"flush chain {T} ext-v4-2" in sent
-    assert f"add element {T} endpoints-v4 {{ {VIP} . tcp . 80 . 1 : 10.244.2.10 . 8080 }}" in sent
+    assert f"flush chain {T} ext-v4" in sent
+    assert f"add element {T} endpoints-1-v4 {{ {VIP} . tcp . 80 : 10.244.2.10 . 8080 }}" in sent
 
 
 def test_drift_is_repaired_element_by_element() -> None:
@@ -156,17 +154,17 @@ def test_drift_is_repaired_element_by_element() -> None:
     node.put(*web("10.244.1.11", name="edge", vip="10.96.0.11", external_ips=("192.0.2.11",)))
     node.sync(full=True)
     node.nft.tamper(
-        f"delete element {T} endpoints-v4 {{ {VIP} . tcp . 80 . 1 }}",
-        f"flush chain {T} ext-v4-1",
+        f"delete element {T} endpoints-1-v4 {{ {VIP} . tcp . 80 }}",
+        f"flush chain {T} ext-v4",
         f"add chain {T} intruder",
     )
     sent = node.sync(full=True)
-    rules = [c for c in sent if c.startswith(f"add rule {T} ext-v4-1 ")]
+    rules = [c for c in sent if c.startswith(f"add rule {T} ext-v4 ")]
     assert len(rules) == 2
     assert sorted(sent) == sorted(
         [
-            f"add element {T} endpoints-v4 {{ {VIP} . tcp . 80 . 1 : 10.244.2.10 . 8080 }}",
-            f"flush chain {T} ext-v4-1",
+            f"add element {T} endpoints-1-v4 {{ {VIP} . tcp . 80 : 10.244.2.10 . 8080 }}",
+            f"flush chain {T} ext-v4",
             *rules,
             f"flush chain {T} intruder",
             f"delete chain {T} intruder",
@@ -241,18 +239,64 @@ def test_a_refused_transaction_makes_the_next_sync_a_verified_full_one() -> None
     assert backend.read_back() == node.kernel()
 
 
-def test_a_chain_only_a_full_sync_can_make_is_not_half_applied() -> None:
+def test_a_count_past_the_precreated_ones_is_made_by_the_change() -> None:
     node = Node()
     node.put(*web("10.244.1.10"))
     node.sync(full=True)
-    sent = len(node.nft.applied)
-    many = [f"10.244.2.{i}" for i in range(1, 18)]  # 17: more than the precreated chains
+    many = [f"10.244.2.{i}" for i in range(1, 18)]  # 17: more than the precreated counts
     node.put(*web(*many))
-    with pytest.raises(FullSyncRequired, match="lb-v4-17"):
-        node.sync()
-    assert len(node.nft.applied) == sent
-    assert f"add chain {T} lb-v4-17" in node.sync(full=True)
+    sent = node.sync()
+    frontend = "type ipv4_addr . inet_proto . inet_service"
+    assert f"add set {T} endpoints-count-17-v4 {{ {frontend}; }}" in sent
+    assert f"add map {T} endpoints-16-v4 {{ {frontend} : ipv4_addr . inet_service; }}" in sent
+    assert f"add chain {T} lb-pick-16-v4" in sent
+    rule = f"add rule {T} lb-v4 ip daddr . meta l4proto . th dport @endpoints-count-17-v4 "
+    assert any(c.startswith(rule) for c in sent)
     assert node.kernel() == fresh_kernel(node)
+    # The count stays once made: going back to it is data again.
+    node.put(*web("10.244.1.10"))
+    node.sync()
+    node.put(*web(*many))
+    assert all(c.startswith(("add element", "delete element")) for c in node.sync())
+
+
+def test_endpoint_changes_never_add_a_jump() -> None:
+    """An endpoint change (a count that changes, endpoints that go and come back, an
+    affinity id replaced) adds no goto or jump element: adding one makes the kernel
+    re-validate the whole table, milliseconds at 30k services."""
+    node = Node()
+
+    def node_port(port: int) -> dict[str, object]:
+        return {"type": "NodePort", "ports": (ServicePort("http", "TCP", 80, 8080, port),)}
+
+    kinds: dict[str, dict[str, object]] = {
+        "web": {},
+        "edge": {"external_ips": ("192.0.2.11",), **node_port(30011)},
+        "local": {
+            "external_ips": ("192.0.2.12",),
+            "external_traffic_policy": "Local",
+            **node_port(30012),
+        },
+        "sticky": {"session_affinity": True, **node_port(30013)},
+    }
+    for i, (name, spec) in enumerate(kinds.items()):
+        node.put(*web("10.244.1.10", "10.244.2.10", name=name, vip=f"10.96.0.{20 + i}", **spec))
+    node.sync(full=True)
+    sent: list[str] = []
+    for endpoints in (
+        ("10.244.1.10", "10.244.2.10", "10.244.3.10"),
+        ("10.244.2.10",),
+        (),
+        ("10.244.1.11",),
+        ("10.244.1.11", "10.244.2.11"),
+        ("10.244.2.11",),
+    ):
+        for i, (name, spec) in enumerate(kinds.items()):
+            node.put(*web(*endpoints, name=name, vip=f"10.96.0.{20 + i}", **spec))
+        sent += node.sync()
+    jumps = [c for c in sent if c.startswith("add element") and (": goto" in c or ": jump" in c)]
+    assert sent and not jumps
+    assert node.restarted().sync(full=True) == []  # what a new process wants (ids adopted)
 
 
 def test_a_table_of_another_skeleton_is_rewritten_in_one_batch() -> None:

@@ -21,12 +21,11 @@ from typing import Any
 
 import pytest
 
-from lace_proxy.dataplane.nftables import _pycodec, codec
+from lace_proxy.dataplane.nftables import _pycodec, codec, shared
 from lace_proxy.dataplane.nftables._pycodec import (
     ADDR4,
     ADDR6,
     MARK,
-    NUMBER,
     PORT,
     PROTO,
     VERDICT,
@@ -41,6 +40,9 @@ CONTAINERS = [
     "reach-abcdefgh-v6",
     "reach-nodeports-abcdefgh-v4",
     "reach-nodeports-abcdefgh-v6",
+    *(f"{m}-{n}-v{f}" for m in shared.COUNTED.values() for n in (0, 16) for f in (4, 6)),
+    *(f"{m}-count-3-v{f}" for m in shared.COUNTED.values() for f in (4, 6)),
+    "affinity-timeout-10800-v4",
 ]
 NLMSG = struct.Struct("=IHHII")
 NLA = struct.Struct("=HH")
@@ -69,8 +71,6 @@ def _token(rng: random.Random, code: int) -> str:
         return str(rng.choice([0, 65535, rng.randrange(65536)]))
     if code == MARK:
         return f"{rng.getrandbits(32):#010x}"
-    if code == NUMBER:
-        return str(rng.choice([0, 0xFFFFFFFF, rng.randrange(16), rng.getrandbits(32)]))
     raise AssertionError(code)
 
 
@@ -191,7 +191,7 @@ def test_every_container_has_a_layout() -> None:
     layouts = {_layout(c) for c in CONTAINERS}
     assert any(lay.interval and len(lay.key) == 1 and lay.data for lay in layouts)
     assert any(lay.interval and len(lay.key) > 1 for lay in layouts)
-    assert {code for lay in layouts for code in (*lay.key, *lay.data)} == set(range(7))
+    assert {code for lay in layouts for code in (*lay.key, *lay.data)} == set(range(6))
 
 
 @pytest.mark.parametrize("delete", [False, True], ids=["add", "delete"])
@@ -229,13 +229,13 @@ def test_batches_of_several_calls_are_equal(compiled: ModuleType) -> None:
 @pytest.mark.parametrize(
     ("container", "element"),
     [
-        ("endpoints-v4", "10.96.0.1 . 6 . 0x50 . 00 : 10.128.0.5 . 0x1F90"),
-        ("endpoints-v4", "10.96.0.1 . TCP . 80 . 0 : 10.128.0.5 . 8080"),
-        ("endpoints-v4", "10.96.0.1 . tcp . +80 . 1_0 : 10.128.0.5 . 0o17"),
-        ("endpoints-v4", "10.96.0.1 . tcp .  80 . 0 : 10.128.0.5 . 8080 "),
-        ("endpoints-v4", "10.96.0.1 . tcp . 80 . 0 : 10.128.0.5 . 8080 : extra"),
-        ("endpoints-v6", "FD00::1 . udp . 53 . 0 : ::FFFF:10.0.0.1 . 53"),
-        ("endpoints-v6", "fd00:0:0:0:0:0:0:1 . udp . 53 . 0 : fe80::1%eth0 . 53"),
+        ("endpoints-0-v4", "10.96.0.1 . 6 . 0x50 : 10.128.0.5 . 0x1F90"),
+        ("endpoints-0-v4", "10.96.0.1 . TCP . 80 : 10.128.0.5 . 8080"),
+        ("endpoints-0-v4", "10.96.0.1 . tcp . +80 : 10.128.0.5 . 0o17"),
+        ("endpoints-0-v4", "10.96.0.1 . tcp .  80 : 10.128.0.5 . 8080 "),
+        ("endpoints-0-v4", "10.96.0.1 . tcp . 80 : 10.128.0.5 . 8080 : extra"),
+        ("endpoints-0-v6", "FD00::1 . udp . 53 : ::FFFF:10.0.0.1 . 53"),
+        ("endpoints-0-v6", "fd00:0:0:0:0:0:0:1 . udp . 53 : fe80::1%eth0 . 53"),
         ("cluster-ips-v4", "10.0.0.0/8"),
         ("cluster-ips-v4", "10.0.0.9-10.0.0.1"),
         ("cluster-ips-v6", "1:2:3:4:5:6:7::"),
@@ -246,7 +246,8 @@ def test_batches_of_several_calls_are_equal(compiled: ModuleType) -> None:
         ("service-ips-v4", "10.0.0.1 . tcp . 80 : jump " + "c" * 300),
         ("affinity-ids-v4", "10.0.0.1 . tcp . 80 : 0XABCDEF01"),
         ("affinity-ids-v4", "10.0.0.1 . tcp . 80 : 0x00000000000001"),
-        ("affinity-record-v4", "4294967295 : jump arec-v4-1"),
+        ("affinity-timeout-10800-v4", "4294967295"),
+        ("service-nodeports-v4", "tcp . 80 : jump arec-v4"),
         ("service-ports-v4", "10.0.0.1 . tcp . 80 \N{NO-BREAK SPACE}"),
         ("service-ports-v4", "10.0.0.1 . tcp . \N{ARABIC-INDIC DIGIT EIGHT}0"),
         ("service-ports-v4", "10.0.0.1 . tcp . 80 . "),
@@ -293,21 +294,20 @@ def test_mutated_elements_encode_or_fail_alike(compiled: ModuleType) -> None:
 
 
 BAD = [
-    ("endpoints-v4", "10.96.0.1 . tcp . 80 : 10.128.0.5 . 8080", "has 3 fields, not 4"),
-    ("endpoints-v4", "10.96.0.1 . tcp . 80 . 0 . 1 : 10.128.0.5 . 8080", "has 5 fields, not 4"),
-    ("endpoints-v4", "10.96.0.1 . tcp . 80 . 0 : 10.128.0.5", "has 1 fields, not 2"),
-    ("endpoints-v4", "10.96.0.1 . tcp . 80 . 0", "has no data"),
-    ("endpoints-v4", "10.96.0.300 . tcp . 80 . 0 : 10.128.0.5 . 8080", "does not appear"),
-    ("endpoints-v4", "fd00::1 . tcp . 80 . 0 : 10.128.0.5 . 8080", "is not an IPv4 address"),
-    ("endpoints-v6", "10.0.0.1 . tcp . 80 . 0 : fd00::5 . 8080", "is not an IPv6 address"),
-    ("endpoints-v6", "fd00::1::2 . tcp . 80 . 0 : fd00::5 . 8080", "does not appear"),
-    ("endpoints-v4", "10.96.0.1 . tcp . 65536 . 0 : 10.128.0.5 . 8080", "out of range"),
-    ("endpoints-v4", "10.96.0.1 . tcp . -1 . 0 : 10.128.0.5 . 8080", "out of range"),
-    ("endpoints-v4", "10.96.0.1 . tcp . 80 . 4294967296 : 10.128.0.5 . 8080", "out of range"),
-    ("endpoints-v4", "10.96.0.1 . tcpx . 80 . 0 : 10.128.0.5 . 8080", "is not a number"),
-    ("endpoints-v4", "10.96.0.1 . 256 . 80 . 0 : 10.128.0.5 . 8080", "out of range"),
-    ("endpoints-v4", "10.96.0.1 . tcp . 080 . 0 : 10.128.0.5 . 8080", "is not a number"),
-    ("endpoints-v4", "10.96.0.1 . tcp . 80 . 0 : 10.128.0.5 . http", "is not a number"),
+    ("endpoints-0-v4", "10.96.0.1 . tcp : 10.128.0.5 . 8080", "has 2 fields, not 3"),
+    ("endpoints-0-v4", "10.96.0.1 . tcp . 80 . 0 : 10.128.0.5 . 8080", "has 4 fields, not 3"),
+    ("endpoints-0-v4", "10.96.0.1 . tcp . 80 : 10.128.0.5", "has 1 fields, not 2"),
+    ("endpoints-0-v4", "10.96.0.1 . tcp . 80", "has no data"),
+    ("endpoints-0-v4", "10.96.0.300 . tcp . 80 : 10.128.0.5 . 8080", "does not appear"),
+    ("endpoints-0-v4", "fd00::1 . tcp . 80 : 10.128.0.5 . 8080", "is not an IPv4 address"),
+    ("endpoints-0-v6", "10.0.0.1 . tcp . 80 : fd00::5 . 8080", "is not an IPv6 address"),
+    ("endpoints-0-v6", "fd00::1::2 . tcp . 80 : fd00::5 . 8080", "does not appear"),
+    ("endpoints-0-v4", "10.96.0.1 . tcp . 65536 : 10.128.0.5 . 8080", "out of range"),
+    ("endpoints-0-v4", "10.96.0.1 . tcp . -1 : 10.128.0.5 . 8080", "out of range"),
+    ("endpoints-0-v4", "10.96.0.1 . tcpx . 80 : 10.128.0.5 . 8080", "is not a number"),
+    ("endpoints-0-v4", "10.96.0.1 . 256 . 80 : 10.128.0.5 . 8080", "out of range"),
+    ("endpoints-0-v4", "10.96.0.1 . tcp . 080 : 10.128.0.5 . 8080", "is not a number"),
+    ("endpoints-0-v4", "10.96.0.1 . tcp . 80 : 10.128.0.5 . http", "is not a number"),
     ("service-ips-v4", "10.0.0.1 . tcp . 80 : goto", "is not a verdict"),
     ("service-ips-v4", "10.0.0.1 . tcp . 80 : goto ", "is not a verdict"),
     ("service-ips-v4", "10.0.0.1 . tcp . 80 : drop it", "is not a verdict"),
@@ -324,7 +324,7 @@ BAD = [
     ("cluster-ips-v4", "10.0.0.1\0", "does not appear"),
     ("cluster-ips-v6", "fd00::1\0junk", "does not appear"),
     # Both bad: the data's error is the one raised.
-    ("endpoints-v4", "10.96.0.300 . tcp . 80 . 0 : 10.128.0.5 . http", "'http' is not a number"),
+    ("endpoints-0-v4", "10.96.0.300 . tcp . 80 : 10.128.0.5 . http", "'http' is not a number"),
 ]
 
 
@@ -351,8 +351,8 @@ def test_bad_elements_fail_alike(
 @pytest.mark.parametrize(
     ("key", "data", "element", "message"),
     [
-        ((ADDR4, VERDICT), (), "10.0.0.1 . drop", "unknown field code 6"),
-        ((ADDR4,), (PORT, VERDICT), "10.0.0.1 : 80 . drop", "unknown field code 6"),
+        ((ADDR4, VERDICT), (), "10.0.0.1 . drop", "unknown field code 5"),
+        ((ADDR4,), (PORT, VERDICT), "10.0.0.1 : 80 . drop", "unknown field code 5"),
         ((9,), (), "1", "unknown field code 9"),
         ((), (), "10.0.0.1", "has 1 fields, not 0"),
     ],
@@ -371,15 +371,15 @@ def test_unknown_field_codes_fail_alike(
 
 def test_a_bad_element_drops_the_message_being_filled(compiled: ModuleType) -> None:
     """Messages already full stay in the batch; the one being filled goes with the error."""
-    good = elements("endpoints-v4", 3000, seed=4)
-    bad = [*good, "10.96.0.1 . tcp . 80 . 0 : nowhere . 1", *good]
+    good = elements("endpoints-0-v4", 6000, seed=4)
+    bad = [*good, "10.96.0.1 . tcp . 80 : nowhere . 1", *good]
     states = []
     for module in (_pycodec, compiled):
         batch = module.Batch("t", 1)
         with pytest.raises(module.CodecError):
-            encode_into(batch, "endpoints-v4", bad)
+            encode_into(batch, "endpoints-0-v4", bad)
         full = len(batch)
-        encode_into(batch, "endpoints-v4", good[:5])
+        encode_into(batch, "endpoints-0-v4", good[:5])
         states.append((full, len(batch), batch.finish(), batch.last_request))
     assert states[0][0] >= 2
     assert states[0][1] == states[0][0] + 1
@@ -393,7 +393,7 @@ def encode_into(batch: Any, container: str, items: list[str]) -> None:
 
 def test_an_empty_batch_is_nothing(twin: ModuleType) -> None:
     batch = twin.Batch("t", 5)
-    encode_into(batch, "endpoints-v4", [])
+    encode_into(batch, "endpoints-0-v4", [])
     assert len(batch) == 0
     assert batch.finish() == b""
     assert batch.last_request == 0
@@ -423,7 +423,7 @@ def _list_elems(message: bytes) -> tuple[int, list[int]]:
 
 @pytest.mark.parametrize(
     ("container", "count", "per_element"),
-    [("endpoints-v6", 6000, 1), ("service-ips-v4", 8000, 1), ("cluster-cidrs-v4", 7000, 2)],
+    [("endpoints-0-v6", 6000, 1), ("service-ips-v4", 8000, 1), ("cluster-cidrs-v4", 7000, 2)],
 )
 def test_long_element_lists_are_split(
     twin: ModuleType, container: str, count: int, per_element: int
@@ -549,14 +549,17 @@ ODD_ELEMENTS = [
     ("service-ips-v4", _key(bytes(12)) + _pycodec._nested(2, b"")),
     ("service-ips-v4", _key(bytes(12))),
     ("service-ips-v4", _key(bytes(12)) + _pycodec._flags(0) + _key(bytes(12), 99)),
-    ("endpoints-v4", _key(bytes(16))),
-    ("endpoints-v4", _key(bytes(15)) + _pycodec._nested(2, _pycodec._attr(1, bytes(8)))),
-    ("endpoints-v4", _key(bytes(16)) + _pycodec._nested(2, _pycodec._attr(1, bytes(6)))),
-    ("endpoints-v4", _key(bytes(16) + b"extra") + _pycodec._nested(2, _pycodec._attr(1, bytes(9)))),
-    ("endpoints-v4", _pycodec._nested(2, _pycodec._attr(1, bytes(8)))),
-    ("endpoints-v4", _pycodec._nested(1, b"") + _pycodec._nested(2, _pycodec._attr(1, bytes(8)))),
+    ("endpoints-0-v4", _key(bytes(12))),
+    ("endpoints-0-v4", _key(bytes(11)) + _pycodec._nested(2, _pycodec._attr(1, bytes(8)))),
+    ("endpoints-0-v4", _key(bytes(12)) + _pycodec._nested(2, _pycodec._attr(1, bytes(6)))),
     (
-        "endpoints-v6",
+        "endpoints-0-v4",
+        _key(bytes(12) + b"extra") + _pycodec._nested(2, _pycodec._attr(1, bytes(9))),
+    ),
+    ("endpoints-0-v4", _pycodec._nested(2, _pycodec._attr(1, bytes(8)))),
+    ("endpoints-0-v4", _pycodec._nested(1, b"") + _pycodec._nested(2, _pycodec._attr(1, bytes(8)))),
+    (
+        "endpoints-0-v6",
         _key(bytes(10) + b"\xff\xff" + bytes(12))
         + _pycodec._nested(2, _pycodec._attr(1, bytes(20))),
     ),
@@ -564,7 +567,8 @@ ODD_ELEMENTS = [
     ("cluster-ips-v6", _key(bytes(12) + b"\x7f\0\0\1")),
     ("cluster-ips-v4", _key(b"\1\2\3")),
     ("cluster-ips-v4", _pycodec._flags(1)[:6] + b"\0\0" + _key(b"\1\2\3\4")),
-    ("affinity-record-v4", _key(b"\xff\xff\xff\xff") + _verdict_data(-3, b"arec")),
+    ("affinity-timeout-10800-v4", _key(b"\xff\xff\xff\xff")),
+    ("service-nodeports-v4", _key(b"\x06\0\0\0\0\x50\0\0") + _verdict_data(-3, b"arec")),
     ("cluster-cidrs-v4", _key(b"\0\0\0\0") + _pycodec._flags(1)),
     ("cluster-cidrs-v4", _key(b"\x0a\0\0\0")),
     ("source-networks-v4", _key(b"\x0a\0\0\0") + _verdict_data(1)),
@@ -636,18 +640,18 @@ def test_an_element_without_a_key_is_a_codec_error(twin: ModuleType) -> None:
 
 def test_the_twins_share_their_surface(compiled: ModuleType) -> None:
     names = [
-        "ADDR4", "ADDR6", "PROTO", "PORT", "MARK", "NUMBER", "VERDICT",
+        "ADDR4", "ADDR6", "PROTO", "PORT", "MARK", "VERDICT",
         "Batch", "CodecError", "DumpParser", "dump_request",
     ]  # fmt: skip
-    for name in names[:7]:
+    for name in names[:6]:
         assert getattr(compiled, name) == getattr(_pycodec, name), name
-    for name in names[7:]:
+    for name in names[6:]:
         assert callable(getattr(compiled, name)), name
     assert compiled.IMPLEMENTATION == "compiled"
     assert _pycodec.IMPLEMENTATION == "pure"
     assert issubclass(compiled.CodecError, ValueError)
     for table, container, sequence in [
-        ("lace-proxy", "endpoints-v4", 9),
+        ("lace-proxy", "endpoints-0-v4", 9),
         ("t", "x" * 300, 2**32 - 1),
     ]:
         assert compiled.dump_request(table, container, sequence) == _pycodec.dump_request(

@@ -12,7 +12,6 @@ ADDR6: Final[int]
 PROTO: Final[int]
 PORT: Final[int]
 MARK: Final[int]
-NUMBER: Final[int]
 VERDICT: Final[int]
 IMPLEMENTATION: Final[str]
 

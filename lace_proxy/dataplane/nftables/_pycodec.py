@@ -26,7 +26,7 @@ import socket
 import struct
 from collections.abc import Sequence
 
-ADDR4, ADDR6, PROTO, PORT, MARK, NUMBER, VERDICT = range(7)
+ADDR4, ADDR6, PROTO, PORT, MARK, VERDICT = range(6)
 IMPLEMENTATION = "pure"
 
 NFNL_SUBSYS_NFTABLES = 10
@@ -55,7 +55,7 @@ _VERDICTS = {"drop": 0, "accept": 1, "continue": -1, "return": -5}
 _VERDICT_NAMES = {v: k for k, v in _VERDICTS.items()}
 _JUMPS = {"jump": -3, "goto": -4}
 _JUMP_NAMES = {v: k for k, v in _JUMPS.items()}
-_SIZES = {ADDR4: 4, ADDR6: 16, PROTO: 1, PORT: 2, MARK: 4, NUMBER: 4}
+_SIZES = {ADDR4: 4, ADDR6: 16, PROTO: 1, PORT: 2, MARK: 4}
 _NLMSG = struct.Struct("=IHHII")
 _NFGEN = struct.Struct("=BBH")
 _NLA = struct.Struct("=HH")
@@ -105,7 +105,7 @@ def _field(code: int, token: str, end: bool) -> bytes:
         return bytes((number,))
     if code == PORT:
         return _integer(token, 0xFFFF).to_bytes(2, "big")
-    if code in (MARK, NUMBER):
+    if code == MARK:
         return _U32.pack(_integer(token, 0xFFFFFFFF))
     raise CodecError(f"unknown field code {code}")
 
@@ -324,8 +324,6 @@ def _format_field(code: int, raw: bytes) -> str:
         return str(int.from_bytes(raw[:2], "big"))
     if code == MARK:
         return f"{_U32.unpack_from(raw)[0]:#010x}"
-    if code == NUMBER:
-        return str(_U32.unpack_from(raw)[0])
     raise CodecError(f"unknown field code {code}")
 
 

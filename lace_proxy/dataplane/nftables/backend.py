@@ -4,8 +4,8 @@
   programmed and as they are now, and sends only the difference (elements out and in,
   chains whose rules changed). Elements several plans hold (a ClusterIP of several ports,
   an endpoint of several services) are reference-counted and programmed once. A change
-  that needs a shared chain only a full sync can make raises FullSyncRequired, nothing
-  applied.
+  that needs an endpoint count or affinity timeout the shared chains have no rule for yet
+  makes it (with nft, in the same transaction).
 - `full_sync` brings the table to every plan. The first of a process, the one after a
   refused transaction, and every `verify_every`-th read every element back and send only
   what differs (adoption: a restarted proxy keeps its predecessor's table, affinity ids and
@@ -24,13 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 from lace_proxy.dataplane import rescue
-from lace_proxy.dataplane.base import (
-    NO_NETWORKS,
-    Changeset,
-    FullSyncRequired,
-    NetworkLayout,
-    Plan,
-)
+from lace_proxy.dataplane.base import NO_NETWORKS, Changeset, NetworkLayout, Plan
 from lace_proxy.dataplane.conntrack import (
     Conntrack,
     Filter,
@@ -42,15 +36,9 @@ from lace_proxy.dataplane.conntrack import (
 from lace_proxy.dataplane.nft import Elements, Nft, NftError, Transaction
 from lace_proxy.dataplane.nftables.affinity import backend_set, needs_id
 from lace_proxy.dataplane.nftables.kernel import KernelState, canonical, rule_hash
-from lace_proxy.dataplane.nftables.render import (
-    FULL_SYNC_ONLY,
-    SHARED_CHAIN,
-    Rendered,
-    Renderer,
-    element_key,
-    name_hash,
-)
+from lace_proxy.dataplane.nftables.render import Rendered, Renderer, element_key, name_hash
 from lace_proxy.dataplane.nftables.settings import NftablesSettings
+from lace_proxy.dataplane.nftables.shared import need_of
 from lace_proxy.dataplane.nftables.skeleton import ACCESS_CHAINS
 
 log = logging.getLogger(__name__)
@@ -58,7 +46,7 @@ log = logging.getLogger(__name__)
 #: Dynamic state a full sync keeps: clients' remembered endpoints, moved flows' replies.
 KEPT = ("affinity-v4", "affinity-v6", *rescue.CONTAINERS)
 #: Changes whenever what a table's skeleton means changes (see NftablesBackend._skeleton).
-SKELETON_VERSION = 1
+SKELETON_VERSION = 2
 #: Every this many full syncs read every element back (see NftablesBackend.full_sync).
 VERIFY_EVERY = 10
 
@@ -85,7 +73,8 @@ class NftablesBackend:
         self._udp_flows_moved = udp_flows_moved
         self.renderer = Renderer(settings)
         self._refs: Counter[tuple[str, str]] = Counter()  # shared element -> plans holding it
-        self._shared_chains: set[str] = set()
+        # The counts and affinity timeouts the shared chains have rules for (shared.NEED).
+        self._needs: set[str] = set()
         # The table's chains (with their rules and comments) and sets as programmed, without
         # elements: what a full sync that reads no element compares the kernel's with.
         self._structure = Rendered()
@@ -131,17 +120,13 @@ class NftablesBackend:
             and changes is not None
             and self._since_verified + 1 < self.verify_every
         ):
-            try:
-                count = self.apply(changes, layout)
-            except FullSyncRequired:
-                pass
-            else:
-                kernel = KernelState.read(self.nft, self.family, self.table, elements=False)
-                tx = None if kernel is None else self._reconcile(self._structure, kernel, {})
-                if tx is not None and not tx.commands:
-                    self._since_verified += 1
-                    return count
-                log.warning("nftables: table %s is not as programmed; verifying it", self.table)
+            count = self.apply(changes, layout)
+            kernel = KernelState.read(self.nft, self.family, self.table, elements=False)
+            tx = None if kernel is None else self._reconcile(self._structure, kernel, {})
+            if tx is not None and not tx.commands:
+                self._since_verified += 1
+                return count
+            log.warning("nftables: table %s is not as programmed; verifying it", self.table)
         return self._verified_sync(plans, changes, layout)
 
     def _verified_sync(
@@ -156,7 +141,7 @@ class NftablesBackend:
                 found = adoptable.get(f"{plan.cluster_ip} . {plan.protocol.lower()} . {plan.port}")
                 if found is not None and needs_id(plan):
                     ids.adopt(plan.id, *found)
-        merged, refs, shared, networks = self._render_all(plans, layout, kernel)
+        merged, refs, needs, networks = self._render_all(plans, layout, kernel)
         diff: dict[str, tuple[set[str], set[str]]] = {}
         tx = None
         if kernel is not None:
@@ -172,7 +157,7 @@ class NftablesBackend:
         else:
             self._apply(tx)
         self._refs = refs
-        self._shared_chains = shared
+        self._needs = needs
         self._structure = Rendered(
             chains=dict(merged.chains), comments=dict(merged.comments), sets=dict(merged.sets)
         )
@@ -190,8 +175,9 @@ class NftablesBackend:
     def _render_all(
         self, plans: list[Plan], layout: NetworkLayout, kernel: KernelState | None
     ) -> tuple[Rendered, Counter[tuple[str, str]], set[str], Rendered]:
-        """Every plan's objects merged, with the shared elements and chains and the network
-        model's objects: what the table must hold (and its shared-element counts)."""
+        """Every plan's objects merged, with the shared elements, chains and sets and the
+        network model's objects: what the table must hold (with its shared-element counts
+        and the counts its shared chains dispatch on)."""
         ids = self.renderer.affinity_ids
         ids.keep_only({p.id for p in plans if needs_id(p)})
         for plan in sorted(plans, key=lambda p: p.id):  # deterministic probing
@@ -205,14 +191,14 @@ class NftablesBackend:
             merged.merge(r)
         for container, element in refs:
             merged.element(container, element)
-        shared = merged.needs | set(self.renderer.precreated()) | self._shared_chains
-        if kernel is not None:  # shared chains stay once made, as after `apply`
-            shared |= {name for name in kernel.rules if SHARED_CHAIN.match(name)}
-        for name in shared:
-            merged.chains[name] = self.renderer.shared_chain(name)
+        needs = merged.needs | self.renderer.shared.precreated() | self._needs
+        if kernel is not None:  # counts stay once made, as after `apply`
+            needs |= {n for n in map(need_of, kernel.containers) if n is not None}
+        merged.chains.update(self.renderer.shared.chains(needs))
+        merged.sets.update(self.renderer.shared.sets(needs))
         networks = self.renderer.render_networks(layout)
         merged.merge(networks)
-        return merged, refs, shared, networks
+        return merged, refs, needs, networks
 
     def _apply(self, tx: Transaction) -> None:
         """Apply a batch; one the kernel refused leaves the table's state unknown to us, so
@@ -283,13 +269,11 @@ class NftablesBackend:
             for n, rules in merged.chains.items()
             if n in kernel.rules and kernel.rules[n] != [rule_hash(x) for x in rules]
         }
-        if any(n.split("-")[0] in FULL_SYNC_ONLY for n in missing | changed):
-            return None
         t = self.settings.table
         tx = Transaction()
         for name, spec in sorted(merged.sets.items()):
             if name not in kernel.containers:
-                tx.add(f"add set inet {t} {name} {{ {spec} }}")
+                tx.add(self._container_decl(name, spec))
         tx.extend(self._chain_decl(n, merged.comments.get(n)) for n in sorted(missing))
         for name in sorted(missing | changed, key=_chain_order):
             if name in changed:
@@ -377,15 +361,14 @@ class NftablesBackend:
         # 1. New sets and chains exist before anything refers to them.
         for name, spec in sorted(new.sets.items()):
             if name not in old.sets:
-                tx.add(f"add set inet {t} {name} {{ {spec} }}")
-        missing = new.needs - self._shared_chains
-        full_only = sorted(n for n in missing if n.split("-")[0] in FULL_SYNC_ONLY)
-        if full_only:
-            raise FullSyncRequired(f"new shared chains needed: {', '.join(full_only)}")
-        created = sorted(missing, key=_chain_order)
-        tx.extend(self._chain_decl(name, None) for name in created)
-        for name in created:
-            self._add_rules(tx, name, self.renderer.shared_chain(name))
+                tx.add(self._container_decl(name, spec))
+        # A new endpoint count or affinity timeout (rare: counts up to 16 are made by every
+        # full sync): its sets and maps, its pick chains and its rule in the shared chain.
+        missing = new.needs - self._needs
+        counting, shared_sets = self._shared(self._needs | missing) if missing else ({}, {})
+        for name, spec in sorted(shared_sets.items()):
+            tx.add(self._container_decl(name, spec))
+        tx.extend(self._chain_decl(name, None) for name in sorted(counting))
         changed = {n: r for n, r in new.chains.items() if old.chains.get(n) != r}
         for name in sorted(changed):
             tx.add(self._chain_decl(name, new.comments.get(name)))
@@ -394,6 +377,10 @@ class NftablesBackend:
             if name in old.chains:
                 tx.add(f"flush chain inet {t} {name}")
             self._add_rules(tx, name, changed[name])
+        for name in sorted(counting, key=_chain_order):
+            if name in self._structure.chains:
+                tx.add(f"flush chain inet {t} {name}")
+            self._add_rules(tx, name, counting[name])
         # 3. Elements: obsolete ones out, then new ones in (a changed value is both).
         for container in sorted(old.elements.keys() | new.elements.keys()):
             before = old.elements.get(container, set())
@@ -430,8 +417,8 @@ class NftablesBackend:
         for plan in (*changes.removed, *(before for before, _ in changes.updated)):
             if needs_id(plan) and plan.id not in still:
                 ids.release(plan.id)
-        self._shared_chains |= missing
-        self._record_structure(old, new, changed, created)
+        self._needs |= missing
+        self._record_structure(old, new, {**changed, **counting}, shared_sets)
         for shared, change in delta.items():
             count = self._refs[shared] + change
             if count > 0:
@@ -441,16 +428,31 @@ class NftablesBackend:
         self._move_udp_flows(stale_udp_filters(changes))
         return len(tx)
 
+    def _shared(self, needs: set[str]) -> tuple[dict[str, tuple[str, ...]], dict[str, str]]:
+        """The shared chains whose rules differ for these needs from the programmed ones',
+        and the sets these needs add."""
+        before = self.renderer.shared.chains(self._needs)
+        after = self.renderer.shared.chains(needs)
+        sets = self.renderer.shared.sets(needs)
+        programmed = self.renderer.shared.sets(self._needs)
+        return (
+            {n: r for n, r in after.items() if before.get(n) != r},
+            {n: s for n, s in sets.items() if n not in programmed},
+        )
+
     def _record_structure(
-        self, old: Rendered, new: Rendered, changed: dict[str, tuple[str, ...]], created: list[str]
+        self,
+        old: Rendered,
+        new: Rendered,
+        changed: dict[str, tuple[str, ...]],
+        shared_sets: dict[str, str],
     ) -> None:
         """Keep the record of the programmed structure as `apply` changed it."""
         record = self._structure
         for name in old.chains.keys() - new.chains.keys():
             record.chains.pop(name, None)
             record.comments.pop(name, None)
-        for name in created:
-            record.chains[name] = self.renderer.shared_chain(name)
+        record.sets.update(shared_sets)
         for name, rules in changed.items():
             record.chains[name] = rules
             if name in new.comments:
@@ -510,6 +512,11 @@ class NftablesBackend:
             state.load(state.containers)
         return state
 
+    def _container_decl(self, name: str, spec: str) -> str:
+        """A set's declaration, or a map's (its spec says what a key maps to)."""
+        kind = "map" if " : " in spec else "set"
+        return f"add {kind} inet {self.settings.table} {name} {{ {spec} }}"
+
     def _chain_decl(self, name: str, comment: str | None) -> str:
         body = f' {{ comment "{comment}"; }}' if comment else ""
         return f"add chain inet {self.settings.table} {name}{body}"
@@ -521,9 +528,8 @@ class NftablesBackend:
         tx.extend(f'add rule inet {t} {chain} {r} comment "{rule_hash(r)}"' for r in rules)
 
     def _add_objects(self, tx: Transaction, r: Rendered) -> None:
-        t = self.settings.table
         for name, spec in sorted(r.sets.items()):
-            tx.add(f"add set inet {t} {name} {{ {spec} }}")
+            tx.add(self._container_decl(name, spec))
         for name in sorted(r.chains):
             tx.add(self._chain_decl(name, r.comments.get(name)))
         for name in sorted(r.chains, key=_chain_order):

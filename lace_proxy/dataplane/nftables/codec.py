@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, NamedTuple
 
+from lace_proxy.dataplane.nftables.shared import ENDPOINT_MAP, NEED_SET
+from lace_proxy.dataplane.nftables.skeleton import VERDICTS
 from lace_proxy.twins import load
 
 if TYPE_CHECKING:  # both twins have the pure one's API (a test holds them equal)
@@ -21,7 +23,7 @@ else:
 
 IMPLEMENTATION = _twin.IMPLEMENTATION
 ADDR4, ADDR6, PROTO, PORT = _twin.ADDR4, _twin.ADDR6, _twin.PROTO, _twin.PORT
-MARK, NUMBER, VERDICT = _twin.MARK, _twin.NUMBER, _twin.VERDICT
+MARK, VERDICT = _twin.MARK, _twin.VERDICT
 Batch = _twin.Batch
 DumpParser = _twin.DumpParser
 CodecError = _twin.CodecError
@@ -50,25 +52,16 @@ def _layouts(family: int) -> dict[str, Layout]:
     a = ADDR4 if family == 4 else ADDR6
     frontend = (a, PROTO, PORT)
     port_key = (PROTO, PORT)
-    target = (a, PORT)
     flow = (a, PORT, a, PORT)
     out = {
-        "endpoints": Layout((*frontend, NUMBER), target),
-        "local-endpoints": Layout((*frontend, NUMBER), target),
-        "nodeport-endpoints": Layout((*port_key, NUMBER), target),
-        "nodeport-local-endpoints": Layout((*port_key, NUMBER), target),
         "cluster-route": Layout(frontend, (VERDICT,)),
         "affinity-ids": Layout(frontend, (MARK,)),
         "affinity-nodeport-ids": Layout(port_key, (MARK,)),
-        "affinity-record": Layout((MARK,), (VERDICT,)),
         "nodeport-cluster-route": Layout(port_key, (VERDICT,)),
         "service-ips": Layout(frontend, (VERDICT,)),
-        "no-endpoint-services": Layout(frontend, (VERDICT,)),
-        "no-local-endpoint-services": Layout(frontend, (VERDICT,)),
         "firewall-ips": Layout(frontend),
         "firewall-allow": Layout((*frontend, a), interval=True),
         "service-nodeports": Layout(port_key, (VERDICT,)),
-        "no-endpoint-nodeports": Layout(port_key, (VERDICT,)),
         "cluster-ips": Layout((a,)),
         "hairpin": Layout((a, a)),
         "service-ports": Layout(frontend),
@@ -81,6 +74,10 @@ def _layouts(family: int) -> dict[str, Layout]:
         "rescue-sport": Layout(flow, (PORT,)),
         "rescue-saddr": Layout(flow, (a,)),
     }
+    for verdict in VERDICTS:
+        out[f"no-endpoint-{verdict}"] = Layout(frontend)
+        out[f"no-local-endpoint-{verdict}"] = Layout(frontend)
+        out[f"no-endpoint-nodeport-{verdict}"] = Layout(port_key)
     for name in (
         "cluster-cidrs",
         "nodeport-cidrs",
@@ -103,6 +100,13 @@ def layout(container: str) -> Layout | None:
     found = _BY_NAME.get(container)
     if found is not None:
         return found
+    counted = NEED_SET.match(container) or ENDPOINT_MAP.match(container)
+    if counted is not None:  # endpoint counts' frontends, affinity timeouts' ids, endpoints
+        if counted[1] is None:
+            return Layout((MARK,))
+        a = ADDR4 if counted[3] == "4" else ADDR6
+        key = (PROTO, PORT) if counted[1].startswith("nodeport-") else (a, PROTO, PORT)
+        return Layout(key, (a, PORT)) if counted.re is ENDPOINT_MAP else Layout(key)
     match = _REACH.match(container)
     if match is None:
         return None

@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lace_proxy.dataplane.nft import ElementSource, Nft
+from lace_proxy.dataplane.nftables.shared import ENDPOINT_MAP
 from lace_proxy.dataplane.nftables.skeleton import FAMILIES
 
-#: What adopting a previous process's affinity ids reads: the ids, then the endpoints.
+#: What adopting a previous process's affinity ids reads: the ids, then the endpoint maps
+#: (shared.ENDPOINT_MAP) of clusterIP and NodePort frontends.
 AFFINITY_IDS = tuple(f"affinity{k}-ids-v{f}" for f in FAMILIES for k in ("", "-nodeport"))
-AFFINITY_ENDPOINTS = tuple(f"{k}endpoints-v{f}" for f in FAMILIES for k in ("", "nodeport-"))
+AFFINITY_ENDPOINTS = ("endpoints", "nodeport-endpoints")
 
 
 def rule_hash(rule: str) -> str:
@@ -126,14 +128,21 @@ class KernelState:
                     continue
         if not frontends:
             return {}
-        self.load(AFFINITY_ENDPOINTS)
+        maps = [
+            name
+            for name in self.containers
+            if (match := ENDPOINT_MAP.match(name)) and match[1] in AFFINITY_ENDPOINTS
+        ]
+        self.load(maps)
+        wanted = {key for keys in frontends.values() for key in keys}
         endpoints: dict[str, set[tuple[str, int]]] = {}
-        for container in AFFINITY_ENDPOINTS:
+        for container in maps:
             for element in self.elements.get(container, ()):
-                key, _, value = element.partition(" : ")
+                frontend, _, value = element.partition(" : ")
+                if frontend not in wanted:
+                    continue
                 ip, _, port = value.partition(" . ")
                 if port.isdigit():
-                    frontend = key.rpartition(" . ")[0]
                     endpoints.setdefault(frontend, set()).add((ip, int(port)))
         out: dict[str, tuple[int, frozenset[tuple[str, int]]]] = {}
         for ident, keys in frontends.items():

@@ -6,13 +6,17 @@ table stays fast at tens of thousands of services: the kernel's cost of a transa
 grows with the number of chains (nft re-reads them all; the kernel re-validates jumps),
 and anonymous sets bound in rules cost quadratically when many are loaded at once.
 
-- `service-ips-v4` sends a frontend to a shared chain `lb-v4-N` (N: its endpoint count),
-  which DNATs by looking up `address . protocol . port . (numgen random mod N)` in the
-  data map `endpoints-v4`. External frontends go through `ext-v4-N` (masquerade first),
-  NodePorts through `np-v4-N` (map `nodeport-endpoints-v4`), and externalTrafficPolicy
-  Local through `xl-v4-N-M` / `npl-v4-N-M` (pods and the node itself use the N cluster
-  endpoints, others the M local ones in `local-endpoints-v4` / `nodeport-local-endpoints-v4`).
-  These chains are shared by every service with the same counts.
+- `service-ips-v4` sends a frontend to a shared chain by its kind alone: `lb-v4` (DNAT),
+  `ext-v4` (external: masquerade first), `xl-v4` (externalTrafficPolicy Local), `alb-v4` /
+  `aext-v4` (ClientIP affinity); NodePorts `service-nodeports-v4` to `np-v4`, `npl-v4`,
+  `anp-v4`. A frontend's element stays while its service does, endpoints or none: the
+  kernel re-validates every jump of the table when a goto element is added (milliseconds at
+  30k services), so an endpoint change touches data only.
+- Counts are data (shared.py): a frontend with N endpoints is in the set
+  `endpoints-count-N-v4`, which picks the rule of `lb-v4` that chooses one of N by
+  `numgen random`; the I-th endpoint is in the map `endpoints-I-v4`. A frontend without
+  endpoints is in no count set: it falls through untranslated, and the filter chains
+  reject or drop it (`no-endpoint-reject-v4`, ...).
 - Hairpin traffic (a pod reaching itself through a service) is masqueraded in postrouting
   by the set `hairpin-v4` of `endpoint . endpoint` pairs: this node's endpoints only (as
   kube-proxy's IPVS mode and kube-router), since only those can send to themselves here.
@@ -46,6 +50,7 @@ from dataclasses import dataclass, field
 
 from lace_proxy.dataplane.nftables.affinity import AffinityIds
 from lace_proxy.dataplane.nftables.settings import NftablesSettings
+from lace_proxy.dataplane.nftables.shared import COUNTED, SharedChains
 from lace_proxy.dataplane.nftables.skeleton import (
     ACCESS_CHAINS,
     DENY,
@@ -59,18 +64,6 @@ from lace_proxy.networks.graph import NetworkLayout
 from lace_proxy.prefixes import covered
 from lace_proxy.table import Backend, Plan
 
-#: Shared chain kinds: lb (DNAT by endpoint count), ext (masquerade, then lb), npc (NodePort
-#: DNAT), np (masquerade, then npc), xl / npl (externalTrafficPolicy Local, by local count);
-#: alb / aext / anp: the same with ClientIP affinity; arec-vF-T records affinity (T seconds).
-SHARED_KINDS = ("lb", "ext", "npc", "np", "xl", "npl", "alb", "aext", "anp")
-#: Shared chains that look up a data map declared with `typeof` (see PRECREATED_COUNTS).
-FULL_SYNC_ONLY = ("lb", "npc", "xl", "npl")
-#: Counts 1..this get their shared chains in every full sync. nft (1.0.6) cannot add a rule
-#: that looks up a data map read back from the kernel, so a chain for a new count can only
-#: be made together with the maps, in a full sync.
-PRECREATED_COUNTS = 16
-#: A shared chain's name: KIND-vF-COUNT.
-SHARED_CHAIN = re.compile(rf"^(?:{'|'.join((*SHARED_KINDS, 'arec'))})-v[46]-[0-9]+$")
 #: The node's own connection to a ClusterIP outside lace.serviceCIDRs, in IPVS mode: no route
 #: to the proxy (nftables mode lets it leave by the node's routes).
 UNROUTED = "reject with icmpx no-route"
@@ -123,6 +116,7 @@ class Renderer(Skeleton):
     def __init__(self, settings: NftablesSettings) -> None:
         super().__init__(settings)
         self.affinity_ids = AffinityIds()
+        self.shared = SharedChains(settings)
         self._has_cluster_cidrs = {
             f: bool(family_cidrs(settings.cluster_cidrs, f)) for f in FAMILIES
         }
@@ -275,163 +269,85 @@ class Renderer(Skeleton):
         return out
 
     def _render_data(self, plan: Plan, out: Rendered) -> None:
-        """A service port as map elements pointing at shared chains."""
+        """A service port as elements: a dispatch element per frontend that only the
+        service's spec decides, and its endpoints with their count as data."""
         v = f"v{plan.family}"
         proto = plan.protocol.lower()
         key = f"{proto} . {plan.port}"
         cluster = _ordered(plan.cluster_backends)
         local = _ordered(plan.local_backends)
 
-        def endpoints(container: str, prefix: str, backends: list[Backend]) -> None:
+        def endpoints(kind: str, frontend: str, backends: list[Backend]) -> None:
+            """The frontend's I-th backend in KIND's endpoint map I, and the frontend in
+            the set of its count (which picks the chain's rule that chooses among them)."""
+            m = COUNTED[kind]
             for i, b in enumerate(backends):
-                out.element(container, f"{prefix} . {i} : {b.ip} . {b.port}")
+                out.element(f"{m}-{i}-{v}", f"{frontend} : {b.ip} . {b.port}")
+            if backends:
+                out.element(f"{m}-count-{len(backends)}-{v}", frontend)
+                out.needs.add(f"{kind}-{v}-{len(backends)}")
 
         # ClientIP affinity: the "a" chains mark the connection with the plan's affinity id
         # and DNAT to the endpoint remembered for (client, frontend, id) if there is one;
-        # postrouting records the endpoint chosen (see base()).
+        # postrouting records the endpoint chosen (arec, by the id's timeout).
         affinity = plan.affinity_timeout if self.s.translate else 0
         a = "a" if affinity else ""
         aid = self.affinity_ids.get(plan.id) if affinity else ""
         if affinity:
-            # jump, not goto: nat-postrouting must go on to masquerade after recording.
-            out.element(f"affinity-record-{v}", f"{aid} : jump arec-{v}-{affinity}")
+            out.element(f"affinity-timeout-{affinity}-{v}", aid)
             out.needs.add(f"arec-{v}-{affinity}")
 
         internal = local if plan.internal_local else cluster
         cluster_key = f"{plan.cluster_ip} . {key}"
+        out.element(f"service-ips-{v}", f"{cluster_key} : goto {a}lb-{v}")
         if plan.internal_verdict is None and internal:
-            count = len(internal)
-            out.element(f"service-ips-{v}", f"{cluster_key} : goto {a}lb-{v}-{count}")
-            out.needs.update({f"{a}lb-{v}-{count}", f"lb-{v}-{count}"})
-            endpoints(f"endpoints-{v}", cluster_key, internal)
+            endpoints("lb", cluster_key, internal)
             if affinity:
                 out.element(f"affinity-ids-{v}", f"{cluster_key} : {aid}")
         else:
-            out.element(f"no-endpoint-services-{v}", f"{cluster_key} : {self._verdict(plan)}")
+            out.element(f"no-endpoint-{self._verdict(plan)}-{v}", cluster_key)
 
         external_addresses = (*plan.external_ips, *plan.lb_ips)
         if not (plan.node_port or external_addresses):
             return
         np_key = f"{proto} . {plan.node_port}"
-        n, m = len(cluster), len(local)
+        n = len(cluster)
+        # A Local policy without local endpoints drops outside clients only; pods and the
+        # node itself still reach every endpoint, as in kube-proxy (xl / npl route them).
+        served = plan.external_verdict is None or (plan.external_local and n > 0)
         if plan.external_verdict is not None:
             verdict = self._verdict(plan, external=True)
-            # A Local policy without local endpoints drops outside clients only: the node's
-            # own traffic is translated in nat-output (to every endpoint) after filter-output,
-            # so its drop lives in a map that output does not consult.
-            container = (
-                "no-local-endpoint-services"
-                if plan.external_local and n
-                else ("no-endpoint-services")
-            )
+            # The node's own traffic is translated in nat-output (to every endpoint) after
+            # filter-output, so a Local policy's drop lives in a set output does not consult.
+            container = "no-local-endpoint" if served else "no-endpoint"
             for address in external_addresses:
-                out.element(f"{container}-{v}", f"{address} . {key} : {verdict}")
+                out.element(f"{container}-{verdict}-{v}", f"{address} . {key}")
             if plan.node_port:
-                out.element(f"no-endpoint-nodeports-{v}", f"{np_key} : {verdict}")
-            if not (plan.external_local and n):
-                return
-            # Local policy without local endpoints: outside clients are dropped (above), but
-            # pods and the node itself still reach every endpoint, as in kube-proxy; the
-            # `xl`/`npl` chains with no local endpoints (m = 0) do just that.
-        ext = f"xl-{v}-{m}" if plan.external_local else f"{a}ext-{v}-{n}"
-        np = f"npl-{v}-{m}" if plan.external_local else f"{a}np-{v}-{n}"
+                out.element(f"no-endpoint-nodeport-{verdict}-{v}", np_key)
+        ext = f"xl-{v}" if plan.external_local else f"{a}ext-{v}"
+        np = f"npl-{v}" if plan.external_local else f"{a}np-{v}"
         for address in external_addresses:
-            out.element(f"service-ips-{v}", f"{address} . {key} : goto {ext}")
+            frontend = f"{address} . {key}"
+            out.element(f"service-ips-{v}", f"{frontend} : goto {ext}")
             if plan.external_local:
-                endpoints(f"local-endpoints-{v}", f"{address} . {key}", local)
-                if n:  # pods and the node itself still use every endpoint
-                    route = f"{address} . {key} : goto lb-{v}-{n}"
-                    out.element(f"cluster-route-{v}", route)
-            if n:
-                endpoints(f"endpoints-{v}", f"{address} . {key}", cluster)
+                out.element(f"cluster-route-{v}", f"{frontend} : goto lb-{v}")
+            if not served:
+                continue
+            if plan.external_local:
+                endpoints("xl", frontend, local)
+            endpoints("lb", frontend, cluster)
             if affinity:
-                out.element(f"affinity-ids-{v}", f"{address} . {key} : {aid}")
-        if external_addresses:
-            out.needs.add(ext)
-            if n:
-                out.needs.add(f"lb-{v}-{n}")
-                if affinity:
-                    out.needs.add(f"alb-{v}-{n}")
+                out.element(f"affinity-ids-{v}", f"{frontend} : {aid}")
         if plan.node_port:
             out.element(f"service-nodeports-{v}", f"{np_key} : goto {np}")
-            out.needs.add(np)
             if plan.external_local:
-                endpoints(f"nodeport-local-endpoints-{v}", np_key, local)
-                if n:
-                    out.element(f"nodeport-cluster-route-{v}", f"{np_key} : goto npc-{v}-{n}")
-            if n:
-                out.needs.add(f"npc-{v}-{n}")
-                endpoints(f"nodeport-endpoints-{v}", np_key, cluster)
-            if affinity:
-                out.element(f"affinity-nodeport-ids-{v}", f"{np_key} : {aid}")
-
-    def shared_chain(self, name: str) -> tuple[str, ...]:
-        """The rules of a shared chain, from its name (KIND-vF-COUNT; see SHARED_KINDS)."""
-        kind, v, count = name.split("-")
-        fam = int(v[1:])
-        ip = ip_keyword(fam)
-        n = int(count)
-        lookup = f"{ip} daddr . meta l4proto . th dport"
-        np_lookup = "meta l4proto . th dport"
-
-        def dnat(key: str, container: str) -> str:
-            return f"dnat {ip} to {key} . numgen random mod {n} map @{container}-{v}"
-
-        if not self.s.translate and kind in ("lb", "npc"):
-            return ()  # IPVS translates: the packet goes on to it
-        if kind == "lb":
-            return (dnat(lookup, "endpoints"),)
-        if kind == "arec":  # n is the affinity timeout here
-            record = f"{ip} saddr . ct mark timeout {n}s"
-            return (f"update @affinity-{v} {{ {record} : {ip} daddr . th dport }}",)
-        if kind in ("alb", "anp"):
-            ids = (
-                f"{lookup} map @affinity-ids-{v}"
-                if kind == "alb"
-                else f"{np_lookup} map @affinity-nodeport-ids-{v}"
-            )
-            remembered = f"{ip} saddr . ct mark map @affinity-{v}"
-            rules = ["jump mark-for-masquerade"] if kind == "anp" else []
-            rules.append(f"ct mark set {ids}")
-            rules += [f"meta l4proto {p} dnat {ip} to {remembered}" for p in ("tcp", "udp", "sctp")]
-            rules.append(f"goto {'lb' if kind == 'alb' else 'npc'}-{v}-{n}")
-            return tuple(rules)
-        if kind == "aext":
-            return ("jump mark-for-masquerade", f"goto alb-{v}-{n}")
-        if kind == "ext":
-            return ("jump mark-for-masquerade", f"goto lb-{v}-{n}")
-        if kind == "npc":
-            return (f"meta nfproto ipv{fam} {dnat(np_lookup, 'nodeport-endpoints')}",)
-        if kind == "np":
-            return ("jump mark-for-masquerade", f"goto npc-{v}-{n}")
-        # xl / npl: externalTrafficPolicy Local. Pods and the node itself are routed to
-        # every endpoint (the *cluster-route maps), other sources to the n local ones.
-        route, local_map, key = (
-            (f"{lookup} vmap @cluster-route-{v}", "local-endpoints", lookup)
-            if kind == "xl"
-            else (
-                f"{np_lookup} vmap @nodeport-cluster-route-{v}",
-                "nodeport-local-endpoints",
-                np_lookup,
-            )
-        )
-        rules = []
-        if self._has_cluster_cidrs[fam]:
-            rules.append(f"{ip} saddr @cluster-cidrs-{v} {route}")
-        rules.append("fib saddr type local jump mark-for-masquerade")
-        rules.append(f"fib saddr type local {route}")
-        if n and self.s.translate:  # n = 0: only the short-circuit (the filter drops the rest)
-            rules.append(f"meta nfproto ipv{fam} {dnat(key, local_map)}")
-        return tuple(rules)
-
-    def precreated(self) -> list[str]:
-        """Shared chains every full sync makes, so that changes rarely need a new one."""
-        return [
-            f"{kind}-v{fam}-{n}"
-            for fam in FAMILIES
-            for kind in SHARED_KINDS
-            for n in range(0 if kind in ("xl", "npl") else 1, PRECREATED_COUNTS + 1)
-        ]
+                out.element(f"nodeport-cluster-route-{v}", f"{np_key} : goto npc-{v}")
+            if served:
+                if plan.external_local:
+                    endpoints("npl", np_key, local)
+                endpoints("npc", np_key, cluster)
+                if affinity:
+                    out.element(f"affinity-nodeport-ids-{v}", f"{np_key} : {aid}")
 
     def _render_chained(self, plan: Plan, out: Rendered) -> None:
         """A service port with ClientIP affinity: kube-proxy's per-endpoint chains."""
@@ -486,7 +402,7 @@ class Renderer(Skeleton):
         if plan.internal_verdict is None and internal:
             out.element(f"service-ips-{v}", f"{cluster_key} : goto {internal}")
         else:
-            out.element(f"no-endpoint-services-{v}", f"{cluster_key} : {self._verdict(plan)}")
+            out.element(f"no-endpoint-{self._verdict(plan)}-{v}", cluster_key)
 
         external_addresses = (*plan.external_ips, *plan.lb_ips)
         if not (plan.node_port or external_addresses):
@@ -510,18 +426,24 @@ class Renderer(Skeleton):
             out.chains[ext] = tuple(rules)
             if SAFE_COMMENT.match(plan.id):
                 out.comments[ext] = plan.id
-        ext_verdict = f"goto {ext}" if ext else self._verdict(plan, external=True)
-        ext_map = "service-ips" if ext else "no-endpoint-services"
-        for address in external_addresses:
-            out.element(f"{ext_map}-{v}", f"{address} . {key} : {ext_verdict}")
-        if plan.node_port:
-            np_map = "service-nodeports" if ext else "no-endpoint-nodeports"
-            out.element(f"{np_map}-{v}", f"{proto} . {plan.node_port} : {ext_verdict}")
+        np_key = f"{proto} . {plan.node_port}"
+        if ext:
+            for address in external_addresses:
+                out.element(f"service-ips-{v}", f"{address} . {key} : goto {ext}")
+            if plan.node_port:
+                out.element(f"service-nodeports-{v}", f"{np_key} : goto {ext}")
+        else:
+            verdict = self._verdict(plan, external=True)
+            for address in external_addresses:
+                out.element(f"no-endpoint-{verdict}-{v}", f"{address} . {key}")
+            if plan.node_port:
+                out.element(f"no-endpoint-nodeport-{verdict}-{v}", np_key)
 
     @staticmethod
     def _verdict(plan: Plan, external: bool = False) -> str:
+        """How a frontend without (local) endpoints is refused: "reject" or "drop"."""
         verdict = plan.external_verdict if external else plan.internal_verdict
-        return "goto reject-chain" if verdict in (None, "reject") else "drop"
+        return "reject" if verdict in (None, "reject") else "drop"
 
 
 def _ordered(backends: Iterable[Backend]) -> list[Backend]:

@@ -3,11 +3,10 @@
 Base chains hook into netfilter (filter at priority -110, before conntrack's NAT; nat at
 dstnat and srcnat; the UDP reply rescue at raw and srcnat, see rescue.py) and jump to
 helper chains. Those look frontends up in the maps and sets the plans fill (declared here,
-empty): `service-ips` and `service-nodeports` dispatch to the shared chains that DNAT,
+empty): `service-ips` and `service-nodeports` dispatch to the shared chains that DNAT
+(shared.py: those and the sets and maps of endpoint counts are made as counts are used),
 `no-endpoint-*` reject or drop what has no endpoint, `firewall-*` hold
 loadBalancerSourceRanges, `controlled-*` and the network model's chains decide access.
-The maps the shared chains look up are declared with `typeof`, which is why new shared
-chains are made with the maps, in a full sync (see render.PRECREATED_COUNTS).
 
 The skeleton depends on the settings alone, and under nodePortAddresses "primary" on the
 node's own addresses too; the backend marks a table with a hash of it, so that a table made
@@ -26,6 +25,18 @@ FAMILIES = (4, 6)
 AFFINITY_SIZE = 1 << 20
 #: Chains the network model fills (see Renderer.render_networks); empty without it.
 ACCESS_CHAINS = ("access", "host-access", "unproxied")
+#: Chains that record ClientIP affinity's choices, filled by the renderer (one rule per
+#: timeout in use); declared here since nat-postrouting jumps to them.
+RECORD_CHAINS = tuple(f"arec-v{fam}" for fam in FAMILIES)
+#: Where a frontend without (local) endpoints is refused, by verdict: the filter chains
+#: reject or drop what these sets hold. Sets, not verdict maps: adding a jump or goto element
+#: makes the kernel re-validate the whole table, and these change with endpoints.
+VERDICTS = ("reject", "drop")
+NO_ENDPOINT_SETS = tuple(
+    f"{what}-{verdict}"
+    for what in ("no-endpoint", "no-local-endpoint", "no-endpoint-nodeport")
+    for verdict in VERDICTS
+)
 #: What a connection the network model does not allow gets: an ICMP error no other part of
 #: the proxy sends (no endpoints is port-unreachable), so it is told apart on the wire.
 DENY = "reject with icmpx admin-prohibited"
@@ -68,33 +79,28 @@ class Skeleton:
             v = f"v{fam}"
             ip = ip_keyword(fam)
             at = addr_type(fam)
-            by_bucket = f"typeof {ip} daddr . meta l4proto . th dport . numgen random mod 1"
-            np_by_bucket = "typeof meta l4proto . th dport . numgen random mod 1"
-            target = f"{ip} daddr . th dport"
             lines += [
-                f"  map endpoints-{v} {{ {by_bucket} : {target}; }}",
-                f"  map local-endpoints-{v} {{ {by_bucket} : {target}; }}",
-                f"  map nodeport-endpoints-{v} {{ {np_by_bucket} : {target}; }}",
-                f"  map nodeport-local-endpoints-{v} {{ {np_by_bucket} : {target}; }}",
                 f"  map cluster-route-{v} {{ type {at} . inet_proto . inet_service : verdict; }}",
                 f"  map affinity-ids-{v} {{ type {at} . inet_proto . inet_service : mark; }}",
                 f"  map affinity-nodeport-ids-{v} {{ type inet_proto . inet_service : mark; }}",
-                f"  map affinity-record-{v} {{ type mark : verdict; }}",
                 f"  map affinity-{v} {{ type {at} . mark : {at} . inet_service;"
                 f" flags dynamic,timeout; size {AFFINITY_SIZE}; }}",
                 f"  map nodeport-cluster-route-{v} {{ type inet_proto . inet_service : verdict; }}",
             ]
             lines += [
                 f"  map service-ips-{v} {{ type {at} . inet_proto . inet_service : verdict; }}",
-                f"  map no-endpoint-services-{v} {{ type {at} . inet_proto . inet_service"
-                " : verdict; }",
-                f"  map no-local-endpoint-services-{v} {{ type {at} . inet_proto . inet_service"
-                " : verdict; }",
+                *(
+                    f"  set {name}-{v} {{ type {at} . inet_proto . inet_service; }}"
+                    for name in NO_ENDPOINT_SETS[:4]
+                ),
+                *(
+                    f"  set {name}-{v} {{ type inet_proto . inet_service; }}"
+                    for name in NO_ENDPOINT_SETS[4:]
+                ),
                 f"  set firewall-ips-{v} {{ type {at} . inet_proto . inet_service; }}",
                 f"  set firewall-allow-{v} {{ typeof {ip} daddr . meta l4proto . th dport"
                 f" . {ip} saddr; flags interval; }}",
                 f"  map service-nodeports-{v} {{ type inet_proto . inet_service : verdict; }}",
-                f"  map no-endpoint-nodeports-{v} {{ type inet_proto . inet_service : verdict; }}",
                 f"  set cluster-ips-{v} {{ type {at}; }}",
                 f"  set hairpin-{v} {{ typeof {ip} saddr . {ip} daddr; }}",
                 f"  set cluster-cidrs-{v} {{ type {at}; flags interval; "
@@ -144,22 +150,19 @@ class Skeleton:
                 f"    {self.nodeport_match(fam)} meta l4proto . th dport"
                 f" vmap @service-nodeports-{v}"
             )
-        lines += ["  }", "  chain service-endpoints-check {"]
-        for fam in FAMILIES:
-            ip, v = ip_keyword(fam), f"v{fam}"
-            lines.append(f"    {ip} daddr . meta l4proto . th dport vmap @no-endpoint-services-{v}")
-        lines += ["  }", "  chain external-endpoints-check {"]
-        for fam in FAMILIES:
-            ip, v = ip_keyword(fam), f"v{fam}"
-            lines.append(
-                f"    {ip} daddr . meta l4proto . th dport vmap @no-local-endpoint-services-{v}"
-            )
-        lines += ["  }", "  chain nodeport-endpoints-check {"]
-        for fam in FAMILIES:
-            lines.append(
-                f"    {self.nodeport_match(fam)} meta l4proto . th dport"
-                f" vmap @no-endpoint-nodeports-v{fam}"
-            )
+        for chain, what in (
+            ("service-endpoints-check", "no-endpoint"),
+            ("external-endpoints-check", "no-local-endpoint"),
+            ("nodeport-endpoints-check", "no-endpoint-nodeport"),
+        ):
+            lines += ["  }", f"  chain {chain} {{"]
+            for fam in FAMILIES:
+                match = (
+                    f"{self.nodeport_match(fam)} meta l4proto . th dport"
+                    if what == "no-endpoint-nodeport"
+                    else f"{ip_keyword(fam)} daddr . meta l4proto . th dport"
+                )
+                lines += [f"    {match} @{what}-{verdict}-v{fam} {verdict}" for verdict in VERDICTS]
         lines += ["  }", "  chain firewall-check {"]
         for fam in FAMILIES:
             ip, v = ip_keyword(fam), f"v{fam}"
@@ -176,7 +179,7 @@ class Skeleton:
                 f" @controlled-nodeports-{v} {DENY}"
             )
         lines += ["  }"]
-        for name in ACCESS_CHAINS:
+        for name in (*ACCESS_CHAINS, *RECORD_CHAINS):
             lines += [f"  chain {name} {{", "  }"]
         if not self.s.translate:
             # Under IPVS the service addresses are the node's own: anything but a service
@@ -242,8 +245,8 @@ class Skeleton:
             "    type nat hook postrouting priority srcnat; policy accept;",
             # Remember the endpoint of a ClientIP-affinity connection (before masquerade
             # rewrites the client's address).
-            "    meta nfproto ipv4 ct status dnat ct mark vmap @affinity-record-v4",
-            "    meta nfproto ipv6 ct status dnat ct mark vmap @affinity-record-v6",
+            "    meta nfproto ipv4 ct status dnat ct mark != 0 jump arec-v4",
+            "    meta nfproto ipv6 ct status dnat ct mark != 0 jump arec-v6",
             "    jump masquerading",
             "  }",
             *rescue.chains(),
