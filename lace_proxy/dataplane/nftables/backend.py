@@ -186,9 +186,7 @@ class NftablesBackend:
         merged = Rendered()
         refs: Counter[tuple[str, str]] = Counter()
         for plan in plans:
-            r = self.renderer.render(plan)
-            refs.update(r.shared)
-            merged.merge(r)
+            refs.update(self.renderer.render(plan, merged).shared)
         for container, element in refs:
             merged.element(container, element)
         needs = merged.needs | self.renderer.shared.precreated() | self._needs

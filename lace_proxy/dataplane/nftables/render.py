@@ -44,6 +44,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import ipaddress
+import operator
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -117,19 +118,26 @@ class Renderer(Skeleton):
         super().__init__(settings)
         self.affinity_ids = AffinityIds()
         self.shared = SharedChains(settings)
+        self._names: dict[tuple[str, str], list[str]] = {}
         self._has_cluster_cidrs = {
             f: bool(family_cidrs(settings.cluster_cidrs, f)) for f in FAMILIES
         }
 
-    def render(self, plan: Plan) -> Rendered:
-        """The plan's objects (its affinity id, if it needs one, assigned already)."""
-        out = Rendered()
+    def render(self, plan: Plan, into: Rendered | None = None) -> Rendered:
+        """The plan's objects (its affinity id, if it needs one, assigned already).
+
+        With `into` (a full sync's whole table) they are written there, no per-plan copy
+        merged, and the Rendered returned holds only the plan's shared elements, whose
+        holders the caller counts.
+        """
+        out = Rendered() if into is None else into
+        shared: set[tuple[str, str]] = set()
         fam = plan.family
         v = f"v{fam}"
-        out.shared.add((f"cluster-ips-{v}", plan.cluster_ip))
+        shared.add((f"cluster-ips-{v}", plan.cluster_ip))
         for b in (*plan.cluster_backends, *plan.local_backends):
             if b.local:  # only a pod of this node can reach itself through this node
-                out.shared.add((f"hairpin-{v}", f"{b.ip} . {b.ip}"))
+                shared.add((f"hairpin-{v}", f"{b.ip} . {b.ip}"))
         if plan.affinity_timeout and (plan.external_local or fam == 6) and self.s.translate:
             # Per-endpoint state, as kube-proxy: affinity under externalTrafficPolicy Local
             # (rare), and IPv6 affinity (nft 1.0.6 cannot record an IPv6 address . port).
@@ -159,8 +167,19 @@ class Renderer(Skeleton):
             key = f"{plan.protocol.lower()} . {plan.port}"
             for address in (plan.cluster_ip, *plan.external_ips, *plan.lb_ips):
                 out.element(f"service-ports-{v}", f"{address} . {key}")
-                out.shared.add((f"ipvs-addresses-{v}", address))
+                shared.add((f"ipvs-addresses-{v}", address))
+        if into is not None:
+            return Rendered(shared=shared)
+        out.shared = shared
         return out
+
+    def _index_maps(self, m: str, v: str, count: int) -> list[str]:
+        """The names of MAP's endpoint maps 0..count-1 (made once: a full sync renders
+        hundreds of thousands of endpoints)."""
+        names = self._names.setdefault((m, v), [])
+        while len(names) < count:
+            names.append(f"{m}-{len(names)}-{v}")
+        return names
 
     @staticmethod
     def render_access(plan: Plan, out: Rendered) -> None:
@@ -281,8 +300,12 @@ class Renderer(Skeleton):
             """The frontend's I-th backend in KIND's endpoint map I, and the frontend in
             the set of its count (which picks the chain's rule that chooses among them)."""
             m = COUNTED[kind]
-            for i, b in enumerate(backends):
-                out.element(f"{m}-{i}-{v}", f"{frontend} : {b.ip} . {b.port}")
+            elements = out.elements
+            for name, b in zip(self._index_maps(m, v, len(backends)), backends, strict=False):
+                held = elements.get(name)
+                if held is None:
+                    held = elements[name] = set()
+                held.add(f"{frontend} : {b.ip} . {b.port}")
             if backends:
                 out.element(f"{m}-count-{len(backends)}-{v}", frontend)
                 out.needs.add(f"{kind}-{v}-{len(backends)}")
@@ -446,9 +469,12 @@ class Renderer(Skeleton):
         return "reject" if verdict in (None, "reject") else "drop"
 
 
+_BY_ADDRESS = operator.attrgetter("ip", "port")
+
+
 def _ordered(backends: Iterable[Backend]) -> list[Backend]:
     """Backends in a stable order, so that the same set always renders the same elements."""
-    return sorted(backends, key=lambda b: (b.ip, b.port))
+    return sorted(backends, key=_BY_ADDRESS)
 
 
 def _collapsed(cidrs: Iterable[str]) -> list[str]:
