@@ -13,6 +13,7 @@ import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -269,3 +270,32 @@ def test_threads_sharing_a_channel_each_get_their_own_answers(node: str) -> None
         thread.join(timeout=120)
     assert not any(t.is_alive() for t in threads), "a thread waits for an answer it never gets"
     assert failures == []
+
+
+def test_a_count_past_the_precreated_ones_is_made_by_the_change(
+    make_testbed: Callable[..., Testbed], tmp_path: Path
+) -> None:
+    """Every full sync makes counts 1..16; a change to 17 endpoints makes its count (set,
+    endpoint map, pick chain, rule) in its own transaction, which the kernel takes."""
+    tb = make_testbed(pods=3)
+    harness = Harness(tb, tmp_path / "m", verify_every=1)
+    counting = _Counting(tb.node.ns.name)
+    harness.nft.nft = counting
+    harness.write("web", service("web", [VIP4]), endpoints("web", tb.pods))
+    harness.sync()
+    others = [SimpleNamespace(ipv4=f"10.244.9.{i}") for i in range(1, 15)]
+    harness.write("web", service("web", [VIP4]), endpoints("web", [*tb.pods, *others]))
+    sent = len(counting.applied)
+    harness.sync()
+    assert len(counting.applied) == sent + 1  # one transaction, not a full sync
+    got = harness.nft.read_back()
+    assert got is not None
+    assert got.elements["endpoints-count-17-v4"] == {f"{VIP4} . tcp . 80"}
+    held = {e for i in range(17) for e in got.elements[f"endpoints-{i}-v4"]}
+    wanted = [*(p.ipv4 for p in tb.pods), *(o.ipv4 for o in others)]
+    assert held == {f"{VIP4} . tcp . 80 : {ip} . 8080" for ip in wanted}
+    chain = tb.exec(tb.node, ["nft", "list", "chain", "inet", TABLE, "lb-v4"]).stdout
+    assert "@endpoints-count-17-v4 numgen random mod 17 vmap" in chain
+    sent = len(counting.applied)
+    harness.sync(full=True)  # reads every element back: the table is as a full sync wants
+    assert counting.applied[sent:] == []
