@@ -11,7 +11,10 @@ netlink sockets are used exactly as the proxy uses them on a node. The nftables 
 issue 17's: a cold start, endpoint changes, a periodic full sync and a restarted process's
 adoption, each with the kernel's share (sys time) beside it; the JSON summary under
 "30000/default" carries them (cold_start_s, change_s, change_p99_s, adopt_s, resync_s,
-rss_mib, elements).
+rss_mib, elements). The adoption runs in a new process, as a restart does (it builds the
+same table first, then adopts the namespace's). rss_mib is the peak of the proxy's processes:
+the worker's own, the worker's at the time of each nft run plus that nft's own peak, and the
+restarted process's.
 
 GC modes: "default" is Python's stock collector settings. "freeze" is what we propose the
 proxy does: `gc.freeze()` once the initial LIST of services and slices is parsed (before
@@ -224,6 +227,12 @@ def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _rss_now_mib() -> float:
+    """This process's RSS now."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 def _full_build(twin: ModuleType, cluster: Cluster) -> tuple[Any, Any, dict[str, float]]:
     """Upsert everything, build, commit: the first sync after the initial LIST."""
     clock = time.perf_counter
@@ -299,9 +308,11 @@ class TimedNft(Nft):
         super().__init__(None, binary)  # the worker already runs inside its namespace
         self.calls: list[KernelCall] = []
         self.processes = 0  # nft processes started
+        self.rss_at_runs: list[float] = []  # this process's RSS while each nft ran
 
     def _run(self, args: list[str], stdin: str | None = None) -> str:
         self.processes += 1
+        self.rss_at_runs.append(_rss_now_mib())  # it allocates nothing while nft runs
         return super()._run(args, stdin)
 
     def apply(self, tx: Transaction) -> None:
@@ -348,10 +359,13 @@ def _kernel_share(nft: Nft, fn: Any) -> tuple[float, float]:
     return wall, _cpu(resource.RUSAGE_CHILDREN)[1] - s0 + nft.kernel_seconds() - k0
 
 
-def _nft_bench(table: Any, cluster: Cluster, runs: int, start: int) -> dict[str, Any]:
+def _nft_bench(
+    table: Any, cluster: Cluster, runs: int, start: int, args: argparse.Namespace
+) -> dict[str, Any]:
     """Cold full_sync into the (fresh) namespace, endpoint changes one at a time, a periodic
-    full sync, and a new process's first (adoption). The changes go on with the variants'
-    sequence from `start` (the one-slice updates' count), so each is a real change."""
+    full sync, and a new process's first (adoption, see _adoption). The changes go on with
+    the variants' sequence from `start` (the one-slice updates' count), so each is a real
+    change."""
     binary, peaks = _nft_wrapper(Path(tempfile.mkdtemp(prefix="lacebench-")))
     nft = TimedNft(binary)
     settings = NftablesSettings(cluster_cidrs=(POD_CIDR,))
@@ -410,14 +424,50 @@ def _nft_bench(table: Any, cluster: Cluster, runs: int, start: int) -> dict[str,
     out["resync_s"], out["resync_sys_s"] = _kernel_share(
         nft, lambda: backend.full_sync(table.plans(), empty)
     )
-    adopter = NftablesBackend(settings, nft)
-    out["adopt_s"], out["adopt_sys_s"] = _kernel_share(
-        nft, lambda: adopter.full_sync(table.plans(), empty)
-    )
-    out["resync_adopt_nft_processes"] = nft.processes - processes
-    measured = peaks.read_text().split() if peaks.exists() else []
-    out["nft_peak_rss_mib"] = max((int(k) / 1024 for k in measured), default=0.0)
+    out["resync_nft_processes"] = nft.processes - processes
+    adoption = _adoption(args, start + runs)
+    out.update(adoption)
+    measured = [int(k) / 1024 for k in peaks.read_text().split()] if peaks.exists() else []
+    out["nft_peak_rss_mib"] = max(measured, default=0.0)
+    # The tree's peak while an nft ran: this process's RSS then, and nft's own peak.
+    pairs = zip(nft.rss_at_runs, measured, strict=False)  # none measured: a wrapper failed
+    out["tree_at_nft_mib"] = max(map(sum, pairs), default=0.0)
     return out
+
+
+def _adoption(args: argparse.Namespace, changes: int) -> dict[str, Any]:
+    """A restarted proxy's first full sync on the programmed table, in a new process (as a
+    restart is): it builds the same table (the same cluster, the same `changes` slice
+    updates since), then adopts; its time, the kernel's share, its peak RSS."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--adopt", str(args.worker)]
+    cmd += ["--endpoints", str(args.endpoints), "--runs", str(changes)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"adoption at {args.worker} failed:\n{proc.stderr}")
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def adopt_worker(args: argparse.Namespace) -> dict[str, Any]:
+    """The restarted process of _adoption (compiled twin, default GC)."""
+    twin = importlib.import_module(TWIN_MODULES["compiled"])
+    cluster = make_cluster(args.adopt, args.endpoints)
+    table, _, _ = _full_build(twin, cluster)
+    for run in range(args.runs):
+        table.upsert_slice(_variant(cluster, run))
+        table.build()
+        table.commit()
+    empty = table.build()
+    table.commit()
+    nft = TimedNft()
+    adopter = NftablesBackend(NftablesSettings(cluster_cidrs=(POD_CIDR,)), nft)
+    adopt_s, adopt_sys_s = _kernel_share(nft, lambda: adopter.full_sync(table.plans(), empty))
+    return {
+        "adopt_s": adopt_s,
+        "adopt_sys_s": adopt_sys_s,
+        "adopt_sent": sum(c.commands for c in nft.calls),  # 0: the table was as wanted
+        "adopt_nft_processes": nft.processes,
+        "adopt_rss_mib": _rss_mib(),
+    }
 
 
 def _timed(fn: Any) -> float:
@@ -461,9 +511,10 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     result["update"] = _slice_updates(table, cluster, args.runs)
     result["rss_table_mib"] = _rss_mib()
     if args.nft:
-        result["nft"] = _nft_bench(table, cluster, args.nft_runs, args.runs)
-        # The whole tree's peak, bounded from above: this process's and its largest child's.
-        result["rss_mib"] = _rss_mib() + result["nft"]["nft_peak_rss_mib"]
+        result["nft"] = nft = _nft_bench(table, cluster, args.nft_runs, args.runs, args)
+        # The peak of the processes of a node's proxy: this one's (nft's beside it while it
+        # ran), and the restarted one's.
+        result["rss_mib"] = max(_rss_mib(), nft["tree_at_nft_mib"], nft["adopt_rss_mib"])
     return result
 
 
@@ -708,7 +759,7 @@ def print_report(
         w("")
         w(
             "Full syncs with nothing changed: periodic (changes + structure), "
-            "after a restart (adopt)"
+            "after a restart (adopt: a new process, the same table built first)"
         )
         w(
             f"{'services':>8} {'periodic':>9} {'kernel':>8}  {'adopt':>9} {'kernel':>8}"
@@ -721,12 +772,13 @@ def print_report(
                 w(
                     f"{size:>8} {fmt_t(n['resync_s']):>9} {fmt_t(n['resync_sys_s']):>8}  "
                     f"{fmt_t(n['adopt_s']):>9} {fmt_t(n['adopt_sys_s']):>8}  "
-                    f"{n['resync_adopt_nft_processes']:>8}"
+                    f"{n['resync_nft_processes'] + n['adopt_nft_processes']:>8}"
                 )
     w("")
     w(
-        "Peak RSS per process (MiB): after building the model objects, then after the table "
-        "(and nftables, compiled worker)"
+        "Peak RSS per process (MiB): after building the model objects, then after the table; "
+        "+nft: the compiled worker's peak with nftables (nft's own beside it while it ran, "
+        "and the restarted process's)"
     )
     w(f"{'services':>8}  {'models':>7}  {'compiled':>8}  {'+nft':>6}  {'pure':>6}")
     for size in sizes:
@@ -762,6 +814,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-nft", action="store_true", help="skip the nftables figures")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--adopt", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--twin", choices=sorted(TWIN_MODULES), help=argparse.SUPPRESS)
     parser.add_argument("--gc", choices=GC_MODES, default="default", help=argparse.SUPPRESS)
     parser.add_argument("--nft", action="store_true", help=argparse.SUPPRESS)
@@ -769,6 +822,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.worker is not None:
         print(json.dumps(worker(args)))
+        return 0
+    if args.adopt is not None:
+        print(json.dumps(adopt_worker(args)))
         return 0
 
     sizes = sorted(int(s) for s in args.sizes.split(",") if s.strip())

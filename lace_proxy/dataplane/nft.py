@@ -63,7 +63,9 @@ class Elements:
     elements: tuple[str, ...]
 
     def __str__(self) -> str:
-        body = ", ".join(self.elements)
+        """As nft reads it, the elements sorted (the kernel takes them in any order; a text
+        is compared, logged or golden)."""
+        body = ", ".join(sorted(self.elements))
         return f"{self.verb} element {self.family} {self.table} {self.container} {{ {body} }}"
 
 

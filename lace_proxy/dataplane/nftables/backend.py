@@ -104,8 +104,8 @@ class NftablesBackend:
 
         Used for the first sync (also after a restart) and the periodic reconcile. The first
         one of a process, the one after a refused transaction, and every `verify_every`-th
-        read every element back (seconds at 30k services: the kernel walks a hash set from
-        its start again for each part of a dump) and program only what differs, in one
+        read every element back (a second or two at 30k services, Python's parsing and
+        comparing most of it) and program only what differs, in one
         atomic batch: nothing is flushed, so a restarted proxy adopts what its predecessor
         made (affinity ids and clients' pinned endpoints included) and drift is repaired
         element by element. The others program `changes` as `apply` does and check the
@@ -526,19 +526,22 @@ class NftablesBackend:
         tx.extend(f'add rule inet {t} {chain} {r} comment "{rule_hash(r)}"' for r in rules)
 
     def _add_objects(self, tx: Transaction, r: Rendered) -> None:
+        """Declare and fill `r`'s objects; its elements move into the transaction (taken out
+        of `r`: at 30k services the table's strings are held once, not twice)."""
         for name, spec in sorted(r.sets.items()):
             tx.add(self._container_decl(name, spec))
         for name in sorted(r.chains):
             tx.add(self._chain_decl(name, r.comments.get(name)))
         for name in sorted(r.chains, key=_chain_order):
             self._add_rules(tx, name, r.chains[name])
-        for container, values in sorted(r.elements.items()):
+        for container in sorted(r.elements):
+            values = r.elements.pop(container)
             if values:
                 tx.add(self._elements("add", container, values))
 
     def _elements(self, verb: str, container: str, elements: Iterable[str]) -> Elements:
-        """Elements added to (or keys deleted from) one map or set, in a stable order."""
-        return Elements(verb, self.family, self.settings.table, container, tuple(sorted(elements)))
+        """Elements added to (or keys deleted from) one map or set."""
+        return Elements(verb, self.family, self.settings.table, container, tuple(elements))
 
 
 def _chain_order(name: str) -> tuple[int, str]:

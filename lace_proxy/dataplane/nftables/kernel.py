@@ -4,7 +4,7 @@ The structure (chains, their rules' hash comments, maps and sets) is read in mil
 over netlink, dumps of our table's objects without their elements; elements are read over
 netlink too (GETSETELEM dumps, parsed by the
 codec into the renderer's text), one map or set at a time and only when asked for, since
-at 30k services the maps hold about a million of them. Some elements come back spelled
+at 30k services the maps hold about half a million of them. Some elements come back spelled
 otherwise than rendered (an interval as a prefix or a range, and from nft's listing, which
 the CLI reads for the packet path's own state, a mark in decimal): `canonical` gives an
 element's meaning whichever way it is spelled, and each rule carries a hash of the text it
