@@ -34,11 +34,11 @@ from lace_proxy.dataplane.conntrack import (
     stale_udp_filters_by_elements,
 )
 from lace_proxy.dataplane.nft import Elements, Nft, NftError, Transaction
-from lace_proxy.dataplane.nftables.affinity import backend_set, needs_id
+from lace_proxy.dataplane.nftables.affinity import IdAdoption, backend_set, needs_id
 from lace_proxy.dataplane.nftables.kernel import KernelState, canonical, rule_hash
 from lace_proxy.dataplane.nftables.render import Rendered, Renderer, element_key, name_hash
 from lace_proxy.dataplane.nftables.settings import NftablesSettings
-from lace_proxy.dataplane.nftables.shared import need_of
+from lace_proxy.dataplane.nftables.shared import ENDPOINT_MAP, need_of
 from lace_proxy.dataplane.nftables.skeleton import ACCESS_CHAINS
 
 log = logging.getLogger(__name__)
@@ -134,18 +134,15 @@ class NftablesBackend:
     ) -> int:
         """full_sync with every element read back (see there)."""
         kernel = KernelState.read(self.nft, self.family, self.table, elements=True)
+        adoption = None
         if kernel is not None and not self._synced:
             ids = self.renderer.affinity_ids
-            adoptable = kernel.affinity_ids()
-            for plan in plans:
-                found = adoptable.get(f"{plan.cluster_ip} . {plan.protocol.lower()} . {plan.port}")
-                if found is not None and needs_id(plan):
-                    ids.adopt(plan.id, *found)
+            adoption = IdAdoption(ids, plans, kernel.affinity_ids())
         merged, refs, needs, networks = self._render_all(plans, layout, kernel)
         diff: dict[str, tuple[set[str], set[str]]] = {}
         tx = None
         if kernel is not None:
-            diff = self._element_diff(merged, kernel)
+            diff = self._element_diff(merged, kernel, adoption or None)
             tx = self._reconcile(merged, kernel, diff)
         if tx is None:
             tx = self._rewrite(merged, networks, kernel)
@@ -208,18 +205,31 @@ class NftablesBackend:
             raise
 
     def _element_diff(
-        self, merged: Rendered, kernel: KernelState
+        self, merged: Rendered, kernel: KernelState, adoption: IdAdoption | None = None
     ) -> dict[str, tuple[set[str], set[str]]]:
         """Per container: the kernel's elements that are not wanted, and the wanted ones it
         lacks (dynamic state excluded), each container's parsed from the listing now unless
         `kernel` holds them already (and dropped from it). Elements are compared as text
         first; the few left over canonically (nft prints a /32 in an interval set as an
-        address, a range that is a prefix as the prefix, a mark as a decimal number)."""
+        address, a range that is a prefix as the prefix, a mark as a decimal number).
+
+        The endpoint maps come first: an `adoption` of affinity ids sees what they held, and
+        replaces the ids it must (their plans rendered again) before the rest is compared."""
         wanted = {**merged.elements}
         for container, values in self.renderer.base_elements().items():
             wanted.setdefault(container, set()).update(values)
         out: dict[str, tuple[set[str], set[str]]] = {}
-        for container in sorted(wanted.keys() | kernel.containers.keys()):
+        names = sorted(wanted.keys() | kernel.containers.keys(), key=_endpoint_maps_first)
+        for container in names:
+            endpoint_map = ENDPOINT_MAP.match(container)
+            if adoption is not None and endpoint_map is None:
+                for plan in adoption.plans():
+                    before = self.renderer.render(plan)
+                    if adoption.revise(plan):
+                        after = self.renderer.render(plan)
+                        _replace(merged.elements, before, after)
+                        wanted.update((c, merged.elements[c]) for c in after.elements)
+                adoption = None
             kind = kernel.containers.get(container)
             if _dynamic(container) or kind is None:
                 continue
@@ -228,6 +238,8 @@ class NftablesBackend:
             if have is None:
                 listing = kernel.listing
                 have = set() if listing is None else set(listing.elements(container))
+            if adoption is not None and endpoint_map and endpoint_map[1] in IdAdoption.MAPS:
+                adoption.seen(have)
             want = wanted.get(container, set())
             gone, new = have - want, want - have
             if gone and new:
@@ -549,6 +561,19 @@ def _chain_order(name: str) -> tuple[int, str]:
     rank = {"ep": 0, "svc": 1, "local": 1, "lb": 1, "npc": 1, "arec": 1, "ext": 2, "xl": 2}
     rank |= {"np": 2, "alb": 2, "anp": 2, "aext": 3}
     return rank.get(name.split("-", 1)[0], 9), name
+
+
+def _endpoint_maps_first(container: str) -> tuple[bool, str]:
+    return ENDPOINT_MAP.match(container) is None, container
+
+
+def _replace(elements: dict[str, set[str]], before: Rendered, after: Rendered) -> None:
+    """A plan's elements as rendered `after`, in place of those `before` (a new affinity
+    id): elements a plan renders for itself alone (not its shared ones)."""
+    for container, values in before.elements.items():
+        elements.get(container, set()).difference_update(values)
+    for container, values in after.elements.items():
+        elements.setdefault(container, set()).update(values)
 
 
 def _dynamic(container: str) -> bool:

@@ -21,13 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lace_proxy.dataplane.nft import ElementSource, Nft
-from lace_proxy.dataplane.nftables.shared import ENDPOINT_MAP
 from lace_proxy.dataplane.nftables.skeleton import FAMILIES
 
-#: What adopting a previous process's affinity ids reads: the ids, then the endpoint maps
-#: (shared.ENDPOINT_MAP) of clusterIP and NodePort frontends.
+#: Where adopting a previous process's affinity ids reads them.
 AFFINITY_IDS = tuple(f"affinity{k}-ids-v{f}" for f in FAMILIES for k in ("", "-nodeport"))
-AFFINITY_ENDPOINTS = ("endpoints", "nodeport-endpoints")
 
 
 def rule_hash(rule: str) -> str:
@@ -113,41 +110,16 @@ class KernelState:
             if name in self.containers and self.listing is not None:
                 self.elements[name] = set(self.listing.elements(name))
 
-    def affinity_ids(self) -> dict[str, tuple[int, frozenset[tuple[str, int]]]]:
-        """The affinity ids a previous process programmed, by frontend, each with the
-        endpoints its frontends held (the clients' remembered endpoints, keyed by id, are
-        among those); the maps they are in are loaded."""
+    def affinity_ids(self) -> dict[str, int]:
+        """The affinity ids a previous process programmed, by frontend (clusterIP, external
+        and NodePort keys); the maps they are in are loaded."""
         self.load(AFFINITY_IDS)
-        frontends: dict[int, list[str]] = {}
+        out: dict[str, int] = {}
         for container in AFFINITY_IDS:
             for element in self.elements.get(container, ()):
                 key, _, value = element.partition(" : ")
                 try:
-                    frontends.setdefault(int(value, 0), []).append(key)
+                    out[key] = int(value, 0)
                 except ValueError:
                     continue
-        if not frontends:
-            return {}
-        maps = [
-            name
-            for name in self.containers
-            if (match := ENDPOINT_MAP.match(name)) and match[1] in AFFINITY_ENDPOINTS
-        ]
-        self.load(maps)
-        wanted = {key for keys in frontends.values() for key in keys}
-        endpoints: dict[str, set[tuple[str, int]]] = {}
-        for container in maps:
-            for element in self.elements.get(container, ()):
-                frontend, _, value = element.partition(" : ")
-                if frontend not in wanted:
-                    continue
-                ip, _, port = value.partition(" . ")
-                if port.isdigit():
-                    endpoints.setdefault(frontend, set()).add((ip, int(port)))
-        out: dict[str, tuple[int, frozenset[tuple[str, int]]]] = {}
-        for ident, keys in frontends.items():
-            backends: frozenset[tuple[str, int]] = frozenset().union(
-                *(endpoints.get(k, set()) for k in keys)
-            )
-            out.update((k, (ident, backends)) for k in keys)
         return out
