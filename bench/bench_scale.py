@@ -448,14 +448,16 @@ def _adoption(args: argparse.Namespace, changes: int) -> dict[str, Any]:
 
 
 def adopt_worker(args: argparse.Namespace) -> dict[str, Any]:
-    """The restarted process of _adoption (compiled twin, default GC)."""
+    """The restarted process of _adoption (compiled twin, default GC): it lists the objects
+    as they are now (the slices after `runs` updates) and builds its table once."""
     twin = importlib.import_module(TWIN_MODULES["compiled"])
     cluster = make_cluster(args.adopt, args.endpoints)
-    table, _, _ = _full_build(twin, cluster)
+    latest = {sl.key: sl for sl in cluster.slices}
     for run in range(args.runs):
-        table.upsert_slice(_variant(cluster, run))
-        table.build()
-        table.commit()
+        changed = _variant(cluster, run)
+        latest[changed.key] = changed
+    cluster = dataclasses.replace(cluster, slices=list(latest.values()), variants=[])
+    table, _, _ = _full_build(twin, cluster)
     empty = table.build()
     table.commit()
     nft = TimedNft()
