@@ -180,7 +180,7 @@ class NftablesBackend:
         for plan in sorted(plans, key=lambda p: p.id):  # deterministic probing
             if needs_id(plan):
                 ids.assign(plan.id, backend_set(plan))
-        merged = Rendered()
+        merged = Rendered(deferred={})
         refs: Counter[tuple[str, str]] = Counter()
         for plan in plans:
             refs.update(self.renderer.render(plan, merged).shared)
@@ -219,8 +219,9 @@ class NftablesBackend:
         for container, values in self.renderer.base_elements().items():
             wanted.setdefault(container, set()).update(values)
         out: dict[str, tuple[set[str], set[str]]] = {}
-        names = sorted(wanted.keys() | kernel.containers.keys(), key=_endpoint_maps_first)
-        for container in names:
+        deferred = set(merged.endpoint_maps())
+        names = wanted.keys() | kernel.containers.keys() | deferred
+        for container in sorted(names, key=_endpoint_maps_first):
             endpoint_map = ENDPOINT_MAP.match(container)
             if adoption is not None and endpoint_map is None:
                 for plan in adoption.plans():
@@ -228,7 +229,7 @@ class NftablesBackend:
                     if adoption.revise(plan):
                         after = self.renderer.render(plan)
                         _replace(merged.elements, before, after)
-                        wanted.update((c, merged.elements[c]) for c in after.elements)
+                        wanted.update((c, merged.elements[c]) for c in merged.elements)
                 adoption = None
             kind = kernel.containers.get(container)
             if _dynamic(container) or kind is None:
@@ -240,7 +241,12 @@ class NftablesBackend:
                 have = set() if listing is None else set(listing.elements(container))
             if adoption is not None and endpoint_map and endpoint_map[1] in IdAdoption.MAPS:
                 adoption.seen(have)
-            want = wanted.get(container, set())
+            # An endpoint map's elements are made now, and dropped once compared.
+            want = (
+                merged.endpoint_elements(container)
+                if container in deferred
+                else wanted.get(container, set())
+            )
             gone, new = have - want, want - have
             if gone and new:
                 by_canon = {canonical(e): e for e in gone}
@@ -546,8 +552,12 @@ class NftablesBackend:
             tx.add(self._chain_decl(name, r.comments.get(name)))
         for name in sorted(r.chains, key=_chain_order):
             self._add_rules(tx, name, r.chains[name])
-        for container in sorted(r.elements):
-            values = r.elements.pop(container)
+        deferred = set(r.endpoint_maps())
+        for container in sorted(r.elements.keys() | deferred):
+            if container in deferred:
+                values = r.endpoint_elements(container)
+            else:
+                values = r.elements.pop(container)
             if values:
                 tx.add(self._elements("add", container, values))
 
@@ -569,11 +579,14 @@ def _endpoint_maps_first(container: str) -> tuple[bool, str]:
 
 def _replace(elements: dict[str, set[str]], before: Rendered, after: Rendered) -> None:
     """A plan's elements as rendered `after`, in place of those `before` (a new affinity
-    id): elements a plan renders for itself alone (not its shared ones)."""
+    id): elements a plan renders for itself alone (not its shared ones), endpoint maps
+    aside (deferred in a full sync's table, and the same whatever the id)."""
     for container, values in before.elements.items():
-        elements.get(container, set()).difference_update(values)
+        if not ENDPOINT_MAP.match(container):
+            elements.get(container, set()).difference_update(values)
     for container, values in after.elements.items():
-        elements.setdefault(container, set()).update(values)
+        if not ENDPOINT_MAP.match(container):
+            elements.setdefault(container, set()).update(values)
 
 
 def _dynamic(container: str) -> bool:

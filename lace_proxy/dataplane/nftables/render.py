@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 
 from lace_proxy.dataplane.nftables.affinity import AffinityIds
 from lace_proxy.dataplane.nftables.settings import NftablesSettings
-from lace_proxy.dataplane.nftables.shared import COUNTED, SharedChains
+from lace_proxy.dataplane.nftables.shared import COUNTED, ENDPOINT_MAP, SharedChains
 from lace_proxy.dataplane.nftables.skeleton import (
     ACCESS_CHAINS,
     DENY,
@@ -95,10 +95,35 @@ class Rendered:
     # Elements several plans may hold (a ClusterIP of several ports, an endpoint of several
     # services): the backend counts references and programs each once.
     shared: set[tuple[str, str]] = field(default_factory=set)
-    needs: set[str] = field(default_factory=set)  # shared chains (lb-*, ext-*, ...) used
+    needs: set[str] = field(default_factory=set)  # counts and affinity timeouts used
+    # A full sync's table defers its endpoint maps (70% of its elements): (map, "vF") ->
+    # endpoint count -> each frontend with its ordered backends; their elements are made one
+    # map at a time (endpoint_elements), so that the table's are never all held as strings.
+    deferred: dict[tuple[str, str], dict[int, list[tuple[str, list[Backend]]]]] | None = None
 
     def element(self, container: str, value: str) -> None:
         self.elements.setdefault(container, set()).add(value)
+
+    def endpoint_maps(self) -> list[str]:
+        """The deferred endpoint maps' names (MAP-I-vF)."""
+        return [
+            f"{m}-{i}-{v}"
+            for (m, v), by_count in (self.deferred or {}).items()
+            for i in range(max(by_count, default=0))
+        ]
+
+    def endpoint_elements(self, container: str) -> set[str]:
+        """A deferred endpoint map's elements: the I-th backend of each frontend with more."""
+        match = ENDPOINT_MAP.match(container)
+        assert match is not None and self.deferred is not None
+        index = int(match[2])
+        out = set()
+        for count, frontends in self.deferred.get((match[1], f"v{match[3]}"), {}).items():
+            if count > index:
+                for frontend, backends in frontends:
+                    b = backends[index]
+                    out.add(f"{frontend} : {b.ip} . {b.port}")
+        return out
 
     def merge(self, other: Rendered) -> None:
         """Add `other`'s objects: several plans' (and the layout's) make one table."""
@@ -118,7 +143,6 @@ class Renderer(Skeleton):
         super().__init__(settings)
         self.affinity_ids = AffinityIds()
         self.shared = SharedChains(settings)
-        self._names: dict[tuple[str, str], list[str]] = {}
         self._has_cluster_cidrs = {
             f: bool(family_cidrs(settings.cluster_cidrs, f)) for f in FAMILIES
         }
@@ -172,14 +196,6 @@ class Renderer(Skeleton):
             return Rendered(shared=shared)
         out.shared = shared
         return out
-
-    def _index_maps(self, m: str, v: str, count: int) -> list[str]:
-        """The names of MAP's endpoint maps 0..count-1 (made once: a full sync renders
-        hundreds of thousands of endpoints)."""
-        names = self._names.setdefault((m, v), [])
-        while len(names) < count:
-            names.append(f"{m}-{len(names)}-{v}")
-        return names
 
     @staticmethod
     def render_access(plan: Plan, out: Rendered) -> None:
@@ -300,12 +316,13 @@ class Renderer(Skeleton):
             """The frontend's I-th backend in KIND's endpoint map I, and the frontend in
             the set of its count (which picks the chain's rule that chooses among them)."""
             m = COUNTED[kind]
-            elements = out.elements
-            for name, b in zip(self._index_maps(m, v, len(backends)), backends, strict=False):
-                held = elements.get(name)
-                if held is None:
-                    held = elements[name] = set()
-                held.add(f"{frontend} : {b.ip} . {b.port}")
+            if out.deferred is not None:
+                if backends:
+                    by_count = out.deferred.setdefault((m, v), {})
+                    by_count.setdefault(len(backends), []).append((frontend, backends))
+            else:
+                for i, b in enumerate(backends):
+                    out.element(f"{m}-{i}-{v}", f"{frontend} : {b.ip} . {b.port}")
             if backends:
                 out.element(f"{m}-count-{len(backends)}-{v}", frontend)
                 out.needs.add(f"{kind}-{v}-{len(backends)}")
