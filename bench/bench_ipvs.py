@@ -20,7 +20,7 @@ The service table comes from bench_scale.make_cluster (same generator, same seed
 - IPVS mode: `IpvsBackend(IpvsSettings(), NftablesBackend(translate=False), ...)`, the same
   cold full_sync and the same changes; the time is split into nftables and IPVS parts, the
   IPVS part into the dummy interface's addresses and the virtual services with their real
-  servers (module functions of lace_proxy.dataplane.ipvs are wrapped with timers in the
+  servers (functions and methods of lace_proxy.dataplane.ipvs are wrapped with timers in the
   measuring process only), and into Python (user) and kernel (sys) CPU;
 - then a resync (a second full_sync with nothing changed), as the periodic reconcile.
 
@@ -70,6 +70,7 @@ from bench_scale import (
 
 import lace_proxy.dataplane.ipvs.kernel as ipvs_kernel
 from lace_proxy.dataplane.ipvs import IpvsBackend, IpvsSettings, Wanted, addresses_of
+from lace_proxy.dataplane.ipvs.addresses import AddressChannel
 from lace_proxy.dataplane.nft import Nft
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
 from lace_proxy.table import IMPLEMENTATION, ServiceTable
@@ -231,12 +232,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         nft = NftablesBackend(NftablesSettings(translate=False, **settings), Nft(netns))
         backend = IpvsBackend(IpvsSettings(), nft, netns=netns)
         # Timers around the IPVS backend's kernel work (this process only).
-        for name, label in (
-            ("add_addresses", "addresses"),
-            ("del_addresses", "addresses"),
-            ("dump", "dump"),
-        ):
-            setattr(ipvs_kernel, name, phases.wrap(label, getattr(ipvs_kernel, name)))
+        ipvs_kernel.dump = phases.wrap("dump", ipvs_kernel.dump)
+        for name in ("addresses", "add", "delete"):  # the dummy's: dumped, added, deleted
+            setattr(AddressChannel, name, phases.wrap("addresses", getattr(AddressChannel, name)))
         backend._converge = phases.wrap("services", backend._converge)
         out["expected"] = expected_ipvs(plans)
     nft.full_sync = phases.wrap("nft", nft.full_sync)  # type: ignore[method-assign]
@@ -351,9 +349,12 @@ def _changes_and_resync(
                 ipvs_s=wall - phases.wall["nft"],
                 dump_s=phases.wall["dump"],
                 services_s=phases.wall["services"],
+                addresses_s=phases.wall["addresses"],
                 ops=backend.last_changes if finished else None,
             )
-            resync["other_s"] = resync["ipvs_s"] - resync["dump_s"] - resync["services_s"]
+            resync["other_s"] = (
+                resync["ipvs_s"] - resync["dump_s"] - resync["services_s"] - resync["addresses_s"]
+            )
         out["resync"] = resync
         if not finished:
             print(json.dumps(out), flush=True)
@@ -678,7 +679,7 @@ def print_report(data: dict[str, Any]) -> None:
         w("Resync: full_sync again, nothing changed (the periodic reconcile)")
         w(
             f"{'services':>8}  {'nftables':>9}  {'IPVS mode':>9} = {'nft':>8} + {'IPVS':>8}   "
-            f"IPVS part: {'dump':>8} {'diff':>8} {'other':>8}  {'IPVS ops':>8}"
+            f"IPVS part: {'dump':>8} {'diff':>8} {'addresses':>9} {'other':>8}  {'IPVS ops':>8}"
         )
         for size in data["sizes"]:
             n, i = by.get((size, "nftables"), {}), by.get((size, "ipvs"), {})
@@ -696,7 +697,8 @@ def print_report(data: dict[str, Any]) -> None:
                 row += (
                     f"{fmt_t(ir['wall_s']):>9} = {fmt_t(ir['nft_s']):>8} + "
                     f"{fmt_t(ir['ipvs_s']):>8}   {'':>11}{fmt_t(ir['dump_s']):>8} "
-                    f"{fmt_t(ir['services_s']):>8} {fmt_t(ir.get('other_s')):>8}  "
+                    f"{fmt_t(ir['services_s']):>8} {fmt_t(ir.get('addresses_s')):>9} "
+                    f"{fmt_t(ir.get('other_s')):>8}  "
                     f"{ir['ops'] if ir['ops'] is not None else '-':>8}{late}"
                 )
             else:
@@ -704,7 +706,8 @@ def print_report(data: dict[str, Any]) -> None:
             w(row)
         w(
             "  dump = reading IPVS back (netlink dumps: the services, each one's real servers), "
-            "diff = converging; IPVS ops > 0 means the diff against the dump was not empty"
+            "diff = converging, addresses = the namespace's addresses dumped (the dummy's, the "
+            "node's); IPVS ops > 0 means the diff against the dump was not empty"
         )
     w("")
     w("Sanity after the cold sync: ipvsadm -Ln and the dummy's addresses vs Wanted")

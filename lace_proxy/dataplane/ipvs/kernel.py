@@ -1,10 +1,10 @@
 """IPVS and what surrounds it: IPVS's table read back (netlink dumps through
 `netlink.IpvsChannel`, which also programs virtual and real servers in batches), its
-timeouts (pyroute2), the dummy interface's addresses and the sysctls IPVS mode needs."""
+timeouts (pyroute2), the dummy interface (its addresses: addresses.py) and the sysctls IPVS
+mode needs."""
 
 from __future__ import annotations
 
-import errno
 import ipaddress
 import logging
 import os
@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST, genlmsg
-from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.generic import ipvs as genl_ipvs
 
 from lace_proxy.dataplane.conntrack import Filter
@@ -26,7 +25,6 @@ from lace_proxy.dataplane.ipvs.model import (
     RealServer,
     Target,
     VirtualServer,
-    address_family,
 )
 from lace_proxy.dataplane.ipvs.netlink import IpvsChannel
 
@@ -186,36 +184,6 @@ def dummy(ipr: Any, name: str) -> int:
         ipr.link("add", ifname=name, kind="dummy")
         links = ipr.link_lookup(ifname=name)
     return int(links[0])
-
-
-def held_addresses(ipr: Any, index: int) -> set[str]:
-    return {str(ipaddress.ip_address(m.get("address"))) for m in ipr.get_addr(index=index)}
-
-
-def add_addresses(ipr: Any, index: int, addresses: set[str]) -> int:
-    """Add addresses to the dummy (one there already is fine: no dump of them all)."""
-    count = 0
-    for address in sorted(addresses):
-        length = 32 if address_family(address) == 4 else 128
-        try:
-            ipr.addr("add", index=index, address=address, prefixlen=length)
-            count += 1
-        except NetlinkError as exc:
-            if exc.code != errno.EEXIST:
-                raise
-    return count
-
-
-def del_addresses(ipr: Any, index: int, addresses: set[str]) -> int:
-    count = 0
-    for address in sorted(addresses):
-        length = 32 if address_family(address) == 4 else 128
-        try:
-            ipr.addr("del", index=index, address=address, prefixlen=length)
-            count += 1
-        except NetlinkError:
-            pass  # not there
-    return count
 
 
 def write_sysctls(values: dict[str, int]) -> None:
