@@ -101,7 +101,11 @@ def _parse(payload: bytes) -> tuple[int, str] | None:
             address = payload[at + 4 : at + length]
         at += (length + 3) & ~3
     raw = local or address
-    return None if raw is None else (index, str(ipaddress.ip_address(raw)))
+    if raw is None:
+        return None
+    if len(raw) == 4:  # inet_ntop's form of IPv4 is ipaddress's, at a fraction of its cost
+        return index, socket.inet_ntop(socket.AF_INET, raw)
+    return index, str(ipaddress.ip_address(raw))
 
 
 class AddressChannel:

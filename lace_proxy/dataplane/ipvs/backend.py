@@ -472,6 +472,8 @@ class IpvsBackend:
         return self.owns(vs, dummy_addresses, self._node_addresses)
 
     def _excluded(self, address: str) -> bool:
+        if not self._exclude:  # as on most nodes: no address to parse per virtual service
+            return False
         ip = ipaddress.ip_address(address)
         return any(ip in net for net in self._exclude if net.version == ip.version)
 
