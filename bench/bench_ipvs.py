@@ -264,6 +264,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             dump_s=phases.wall["dump"],
             ops=backend.last_changes if finished else None,
         )
+        for phase in ("addresses", "services"):  # CPU: where each phase's time goes
+            cold[f"{phase}_user_s"] = phases.user[phase]
+            cold[f"{phase}_sys_s"] = phases.sys[phase]
         cold["other_s"] = cold["ipvs_s"] - cold["addresses_s"] - cold["services_s"]
         cold["other_s"] -= cold["dump_s"]
         held_services, held_servers = ipvs_held(netns)
@@ -640,6 +643,14 @@ def print_report(data: dict[str, Any]) -> None:
                     if predicted
                     else ""
                 )
+            )
+    for size in data["sizes"]:
+        ic = by.get((size, "ipvs"), {}).get("cold", {})
+        if "addresses_user_s" in ic:
+            w(
+                f"{size:>8}  IPVS part's CPU, user / sys: addresses "
+                f"{fmt_t(ic['addresses_user_s'])} / {fmt_t(ic['addresses_sys_s'])}, services "
+                f"{fmt_t(ic['services_user_s'])} / {fmt_t(ic['services_sys_s'])}"
             )
     w(
         "  IPVS part: addresses = the dummy interface's addresses, services = virtual services "
