@@ -29,7 +29,7 @@ modules. `ipvsadm -Ln` and the dummy's addresses are counted after the cold sync
 with what IPVS mode's `Wanted` says. A cold sync or resync still running after `--timeout` s is
 interrupted; the report gives what was programmed by then and the rate-based prediction (at
 10k services the IPVS cold sync took ~14 min in the VM before the IPVS codec, ~2.5 min since,
-most of it the dummy interface's addresses).
+most of it the dummy interface's addresses, ~30 s since those go in batches too).
 `--profile` adds a cProfile run of the IPVS cold sync at the smallest size. `--worker` alone
 runs the measurement on the machine it is started on (root, a kernel with IPVS) and prints
 the JSON result line.

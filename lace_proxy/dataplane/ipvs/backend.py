@@ -12,7 +12,8 @@ from the node's own sockets.
 Sync is a diff against what IPVS holds (dumps), never a flush, so a restart adopts the
 previous process's services and established connections carry on. What a sync changes goes
 to the kernel in batches (`netlink.IpvsChannel`): one for the virtual and real servers, one
-for the drained real servers' deletions, and the UDP move's own. A new address goes
+for the drained real servers' deletions, and the UDP move's own; the dummy's addresses in
+batches of their own (`addresses.AddressChannel`). A new address goes
 onto the dummy interface only once IPVS holds its virtual services with their real servers
 (`_add_to_dummy`), so a frontend is never the node's own without them. A real server that
 leaves is first set to weight 0 (no new connections) and deleted once its connections have
