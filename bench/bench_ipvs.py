@@ -20,7 +20,7 @@ The service table comes from bench_scale.make_cluster (same generator, same seed
 - IPVS mode: `IpvsBackend(IpvsSettings(), NftablesBackend(translate=False), ...)`, the same
   cold full_sync and the same changes; the time is split into nftables and IPVS parts, the
   IPVS part into the dummy interface's addresses and the virtual services with their real
-  servers (module functions of lace_proxy.dataplane.ipvs are wrapped with timers in the
+  servers (functions and methods of lace_proxy.dataplane.ipvs are wrapped with timers in the
   measuring process only), and into Python (user) and kernel (sys) CPU;
 - then a resync (a second full_sync with nothing changed), as the periodic reconcile.
 
@@ -29,7 +29,7 @@ modules. `ipvsadm -Ln` and the dummy's addresses are counted after the cold sync
 with what IPVS mode's `Wanted` says. A cold sync or resync still running after `--timeout` s is
 interrupted; the report gives what was programmed by then and the rate-based prediction (at
 10k services the IPVS cold sync took ~14 min in the VM before the IPVS codec, ~2.5 min since,
-most of it the dummy interface's addresses).
+most of it the dummy interface's addresses, ~30 s since those go in batches too).
 `--profile` adds a cProfile run of the IPVS cold sync at the smallest size. `--worker` alone
 runs the measurement on the machine it is started on (root, a kernel with IPVS) and prints
 the JSON result line.
@@ -70,6 +70,7 @@ from bench_scale import (
 
 import lace_proxy.dataplane.ipvs.kernel as ipvs_kernel
 from lace_proxy.dataplane.ipvs import IpvsBackend, IpvsSettings, Wanted, addresses_of
+from lace_proxy.dataplane.ipvs.addresses import AddressChannel
 from lace_proxy.dataplane.nft import Nft
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
 from lace_proxy.table import IMPLEMENTATION, ServiceTable
@@ -231,12 +232,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         nft = NftablesBackend(NftablesSettings(translate=False, **settings), Nft(netns))
         backend = IpvsBackend(IpvsSettings(), nft, netns=netns)
         # Timers around the IPVS backend's kernel work (this process only).
-        for name, label in (
-            ("add_addresses", "addresses"),
-            ("del_addresses", "addresses"),
-            ("dump", "dump"),
-        ):
-            setattr(ipvs_kernel, name, phases.wrap(label, getattr(ipvs_kernel, name)))
+        ipvs_kernel.dump = phases.wrap("dump", ipvs_kernel.dump)
+        for name in ("addresses", "add", "delete"):  # the dummy's: dumped, added, deleted
+            setattr(AddressChannel, name, phases.wrap("addresses", getattr(AddressChannel, name)))
         backend._converge = phases.wrap("services", backend._converge)
         out["expected"] = expected_ipvs(plans)
     nft.full_sync = phases.wrap("nft", nft.full_sync)  # type: ignore[method-assign]
@@ -266,6 +264,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             dump_s=phases.wall["dump"],
             ops=backend.last_changes if finished else None,
         )
+        for phase in ("addresses", "services"):  # CPU: where each phase's time goes
+            cold[f"{phase}_user_s"] = phases.user[phase]
+            cold[f"{phase}_sys_s"] = phases.sys[phase]
         cold["other_s"] = cold["ipvs_s"] - cold["addresses_s"] - cold["services_s"]
         cold["other_s"] -= cold["dump_s"]
         held_services, held_servers = ipvs_held(netns)
@@ -351,9 +352,12 @@ def _changes_and_resync(
                 ipvs_s=wall - phases.wall["nft"],
                 dump_s=phases.wall["dump"],
                 services_s=phases.wall["services"],
+                addresses_s=phases.wall["addresses"],
                 ops=backend.last_changes if finished else None,
             )
-            resync["other_s"] = resync["ipvs_s"] - resync["dump_s"] - resync["services_s"]
+            resync["other_s"] = (
+                resync["ipvs_s"] - resync["dump_s"] - resync["services_s"] - resync["addresses_s"]
+            )
         out["resync"] = resync
         if not finished:
             print(json.dumps(out), flush=True)
@@ -640,6 +644,14 @@ def print_report(data: dict[str, Any]) -> None:
                     else ""
                 )
             )
+    for size in data["sizes"]:
+        ic = by.get((size, "ipvs"), {}).get("cold", {})
+        if "addresses_user_s" in ic:
+            w(
+                f"{size:>8}  IPVS part's CPU, user / sys: addresses "
+                f"{fmt_t(ic['addresses_user_s'])} / {fmt_t(ic['addresses_sys_s'])}, services "
+                f"{fmt_t(ic['services_user_s'])} / {fmt_t(ic['services_sys_s'])}"
+            )
     w(
         "  IPVS part: addresses = the dummy interface's addresses, services = virtual services "
         "and real servers; user/sys = this process's CPU in Python / in the kernel"
@@ -678,7 +690,7 @@ def print_report(data: dict[str, Any]) -> None:
         w("Resync: full_sync again, nothing changed (the periodic reconcile)")
         w(
             f"{'services':>8}  {'nftables':>9}  {'IPVS mode':>9} = {'nft':>8} + {'IPVS':>8}   "
-            f"IPVS part: {'dump':>8} {'diff':>8} {'other':>8}  {'IPVS ops':>8}"
+            f"IPVS part: {'dump':>8} {'diff':>8} {'addresses':>9} {'other':>8}  {'IPVS ops':>8}"
         )
         for size in data["sizes"]:
             n, i = by.get((size, "nftables"), {}), by.get((size, "ipvs"), {})
@@ -696,7 +708,8 @@ def print_report(data: dict[str, Any]) -> None:
                 row += (
                     f"{fmt_t(ir['wall_s']):>9} = {fmt_t(ir['nft_s']):>8} + "
                     f"{fmt_t(ir['ipvs_s']):>8}   {'':>11}{fmt_t(ir['dump_s']):>8} "
-                    f"{fmt_t(ir['services_s']):>8} {fmt_t(ir.get('other_s')):>8}  "
+                    f"{fmt_t(ir['services_s']):>8} {fmt_t(ir.get('addresses_s')):>9} "
+                    f"{fmt_t(ir.get('other_s')):>8}  "
                     f"{ir['ops'] if ir['ops'] is not None else '-':>8}{late}"
                 )
             else:
@@ -704,7 +717,8 @@ def print_report(data: dict[str, Any]) -> None:
             w(row)
         w(
             "  dump = reading IPVS back (netlink dumps: the services, each one's real servers), "
-            "diff = converging; IPVS ops > 0 means the diff against the dump was not empty"
+            "diff = converging, addresses = the namespace's addresses dumped (the dummy's, the "
+            "node's); IPVS ops > 0 means the diff against the dump was not empty"
         )
     w("")
     w("Sanity after the cold sync: ipvsadm -Ln and the dummy's addresses vs Wanted")

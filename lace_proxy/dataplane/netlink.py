@@ -171,6 +171,51 @@ def _answer(payload: bytes, flags: int) -> Answer:
     return Answer(code, offset, message)
 
 
+def refused(replies: dict[int, Answer], sequences: range) -> list[tuple[int, Answer]]:
+    """The requests of one `send` the kernel refused, by sequence number, read from its
+    answers. Its last request asked for the acknowledgement that is the barrier: if that is
+    missing (lost: the socket had no room), every request without an answer counts as
+    refused with errno 0, its fate unknown."""
+    barrier = sequences[-1] in replies
+    out = []
+    for sequence in sequences:
+        answer = replies.get(sequence)
+        if answer is None and not barrier:
+            out.append((sequence, Answer(0)))
+        elif answer is not None and answer.errno:
+            out.append((sequence, answer))
+    return out
+
+
+def send_batch(
+    sock: NetlinkSocket, buffers: Iterable[tuple[bytes, range]]
+) -> list[tuple[int, Answer]]:
+    """Send buffers of requests, each with its requests' sequence numbers (the last asking
+    for an acknowledgement), one `send` each; the requests refused (`refused`). A buffer the
+    socket refuses (OSError) counts as refused whole, and the rest is still sent."""
+    out: list[tuple[int, Answer]] = []
+    for data, sequences in buffers:
+        sock.replies()  # nothing of an earlier send is taken for this one's
+        try:
+            sock.send(data)
+        except OSError as exc:
+            code = exc.errno or errno.EIO
+            out += [(sequence, Answer(code)) for sequence in sequences]
+            continue
+        out += refused(sock.replies(), sequences)
+    return out
+
+
+def reason(answer: Answer) -> str:
+    """Why a request was refused, for a log line: the error's name and text, and what the
+    kernel said of it; errno 0 is an answer lost."""
+    if not answer.errno:
+        return "no answer (the socket's buffer was full)"
+    name = errno.errorcode.get(answer.errno, str(answer.errno))
+    extra = f": {answer.message}" if answer.message else ""
+    return f"{name} ({os.strerror(answer.errno)}){extra}"
+
+
 def messages(data: bytes) -> Iterator[tuple[int, int, bytes]]:
     """(type, sequence number, payload) of each netlink message in `data`."""
     offset = 0

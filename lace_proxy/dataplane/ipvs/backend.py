@@ -12,7 +12,8 @@ from the node's own sockets.
 Sync is a diff against what IPVS holds (dumps), never a flush, so a restart adopts the
 previous process's services and established connections carry on. What a sync changes goes
 to the kernel in batches (`netlink.IpvsChannel`): one for the virtual and real servers, one
-for the drained real servers' deletions, and the UDP move's own. A new address goes
+for the drained real servers' deletions, and the UDP move's own; the dummy's addresses in
+batches of their own (`addresses.AddressChannel`). A new address goes
 onto the dummy interface only once IPVS holds its virtual services with their real servers
 (`_add_to_dummy`), so a frontend is never the node's own without them. A real server that
 leaves is first set to weight 0 (no new connections) and deleted once its connections have
@@ -37,6 +38,7 @@ from pyroute2 import IPVS, IPRoute
 from lace_proxy.dataplane.base import NO_NETWORKS
 from lace_proxy.dataplane.conntrack import delete_requests
 from lace_proxy.dataplane.ipvs import kernel
+from lace_proxy.dataplane.ipvs.addresses import AddressChannel, AddressRefusal
 from lace_proxy.dataplane.ipvs.kernel import STRICT_ARP, SYSCTLS
 from lace_proxy.dataplane.ipvs.model import (
     IpvsSettings,
@@ -139,9 +141,11 @@ class IpvsBackend:
         def read() -> KernelView:
             with IPRoute() as ipr:
                 links = ipr.link_lookup(ifname=self.settings.interface)
-                index = int(links[0]) if links else -1
-                dummy = kernel.held_addresses(ipr, index) if links else set()
-                nodes = self._local_addresses(ipr, index)
+            index = int(links[0]) if links else -1
+            with AddressChannel() as channel:
+                addresses = channel.addresses()
+            dummy = {address for i, address in addresses if i == index}
+            nodes = self._local_addresses(addresses, index)
             held = kernel.read(self._ipvs())
             services = {vs: kernel.target(vs_held) for vs, vs_held in held.items()}
             details = {vs: servers for vs, (_, _, servers) in held.items()}
@@ -198,8 +202,17 @@ class IpvsBackend:
             refs.update(addresses_of(plan))
         with IPRoute() as ipr:
             index = kernel.dummy(ipr, self.settings.interface)
-            self._node_addresses = self._local_addresses(ipr, index)
-            held = kernel.held_addresses(ipr, index)
+        with AddressChannel() as addresses:
+            return self._sync_ipvs(addresses, index, plans, refs)
+
+    def _sync_ipvs(
+        self, addresses: AddressChannel, index: int, plans: list[Plan], refs: Counter[str]
+    ) -> int:
+        """Virtual services by diff against what IPVS holds, and the dummy's addresses by
+        diff against one dump of the namespace's addresses (which also has the node's)."""
+        every = addresses.addresses()
+        self._node_addresses = self._local_addresses(every, index)
+        held = {address for i, address in every if i == index}
         self._address_refs = refs
         wanted = Wanted(self._node_addresses, self.settings.scheduler)
         for plan in plans:
@@ -207,6 +220,7 @@ class IpvsBackend:
         desired = wanted.desired()
         now = self._clock()
         count = 0
+        failed: list[str] = []
         channel = self._ipvs()
         held_services = {}
         ours = set(refs) | held  # also the addresses of services deleted meanwhile
@@ -223,10 +237,11 @@ class IpvsBackend:
         try:
             count += self._converge(channel, held_services, desired)
         finally:
-            count += self._add_to_dummy(set(refs) - held)
+            count += self._add_to_dummy(addresses, index, set(refs) - held, failed)
         self._programmed, self._wanted = desired, wanted
-        with IPRoute() as ipr:  # after IPVS: the addresses say which services are ours
-            count += kernel.del_addresses(ipr, index, held - set(refs))
+        # After IPVS: the addresses say which services are ours.
+        count += self._dummy(addresses.delete, index, held - set(refs), failed)
+        _raise_if(failed)
         return count
 
     def _apply(self, changes: Changeset) -> int:
@@ -244,11 +259,18 @@ class IpvsBackend:
         appear = {a for a, d in delta.items() if d > 0 and refs[a] == 0}
         vanish = {a for a, d in delta.items() if d < 0 and refs[a] + d <= 0}
         count = 0
+        failed: list[str] = []
         held = {vs: self._programmed[vs] for vs in touched if vs in self._programmed}
+        index = -1
+        if appear or vanish:
+            with IPRoute() as ipr:
+                index = kernel.dummy(ipr, self.settings.interface)
         try:
             count += self._converge(self._ipvs(), held, after, only=touched)
         finally:
-            count += self._add_to_dummy(appear)
+            if appear:
+                with AddressChannel() as addresses:
+                    count += self._add_to_dummy(addresses, index, appear, failed)
         for vs in touched - set(after):
             self._programmed.pop(vs, None)
         self._programmed.update(after)
@@ -257,12 +279,14 @@ class IpvsBackend:
             if refs[address] <= 0:
                 del refs[address]
         if vanish:
-            with IPRoute() as ipr:
-                index = kernel.dummy(ipr, self.settings.interface)
-                count += kernel.del_addresses(ipr, index, vanish)
+            with AddressChannel() as addresses:
+                count += self._dummy(addresses.delete, index, vanish, failed)
+        _raise_if(failed)
         return count
 
-    def _add_to_dummy(self, addresses: set[str]) -> int:
+    def _add_to_dummy(
+        self, channel: AddressChannel, index: int, addresses: set[str], failed: list[str]
+    ) -> int:
         """Put new service addresses on the dummy interface; called once IPVS holds their
         virtual services with every real server (also when the kernel refused some other
         operation). An address makes its frontends the node's own at once: added first, a
@@ -270,10 +294,27 @@ class IpvsBackend:
         virtual service with no real server yet (IPVS refused it). Until it is added, a new
         address is routed as a foreign one (nftables refuses connections to a ClusterIP that
         is not local: cluster-ips-check)."""
+        return self._dummy(channel.add, index, addresses, failed)
+
+    @staticmethod
+    def _dummy(
+        change: Callable[[int, Iterable[str]], tuple[int, list[AddressRefusal]]],
+        index: int,
+        addresses: set[str],
+        failed: list[str],
+    ) -> int:
+        """Add or delete addresses of the dummy (`change`: a channel's `add` or `delete`), in
+        one batch; each refusal is logged, naming its address, and added to `failed` (the
+        others are carried out; the sync then counts as failed and is retried)."""
         if not addresses:
             return 0
-        with IPRoute() as ipr:
-            return kernel.add_addresses(ipr, kernel.dummy(ipr, self.settings.interface), addresses)
+        done, refused = change(index, addresses)
+        for refusal in refused[:LOGGED]:
+            log.error("%s", refusal)
+        if len(refused) > LOGGED:
+            log.error("IPVS: %d more address requests refused", len(refused) - LOGGED)
+        failed += map(str, refused)
+        return done
 
     def _converge(
         self,
@@ -304,8 +345,7 @@ class IpvsBackend:
         count = len(batch) - len(refused)
         count += self._remove_udp(channel, udp_gone, failed)
         count += self._finish_draining(channel, now, failed)
-        if failed:  # the others are programmed; the sync counts as failed and is retried
-            raise RuntimeError(f"{len(failed)} IPVS operations failed: {'; '.join(failed[:3])}")
+        _raise_if(failed)  # the others are programmed; the sync counts as failed, is retried
         return count
 
     def _send(self, channel: IpvsChannel, batch: Batch, failed: list[str]) -> set[int]:
@@ -433,21 +473,24 @@ class IpvsBackend:
         return self.owns(vs, dummy_addresses, self._node_addresses)
 
     def _excluded(self, address: str) -> bool:
+        if not self._exclude:  # as on most nodes: no address to parse per virtual service
+            return False
         ip = ipaddress.ip_address(address)
         return any(ip in net for net in self._exclude if net.version == ip.version)
 
     def _local_addresses(
-        self, ipr: Any, dummy_index: int, *, every: bool = False
+        self, addresses: list[tuple[int, str]], dummy_index: int, *, every: bool = False
     ) -> tuple[str, ...]:
-        """The node's addresses that NodePorts answer on (as nftables' NodePort rule); with
-        `every`, all that NodePorts may ever have used (cleanup: no Node object, no config)."""
+        """The node's addresses that NodePorts answer on (as nftables' NodePort rule), of
+        the namespace's (`AddressChannel.addresses`); with `every`, all that NodePorts may
+        ever have used (cleanup: no Node object, no config)."""
         nft = self.nft.settings
         out = []
-        for msg in ipr.get_addr():
-            # IFA_LOCAL is the node's own end of a point-to-point link (IFA_ADDRESS the peer's).
-            address = str(ipaddress.ip_address(msg.get("local") or msg.get("address")))
+        for index, address in addresses:
+            if index == dummy_index:
+                continue
             ip = ipaddress.ip_address(address)
-            if msg["index"] == dummy_index or ip.is_loopback or ip.is_link_local:
+            if ip.is_loopback or ip.is_link_local:
                 continue
             if every:
                 out.append(address)
@@ -466,14 +509,13 @@ class IpvsBackend:
     def _cleanup(self) -> int:
         with IPRoute() as ipr:
             links = ipr.link_lookup(ifname=self.settings.interface)
-            dummy_addresses = (
-                {str(ipaddress.ip_address(m.get("address"))) for m in ipr.get_addr(index=links[0])}
-                if links
-                else set()
-            )
-            self._node_addresses = self._local_addresses(ipr, links[0] if links else -1, every=True)
+            index = int(links[0]) if links else -1
+            with AddressChannel() as addresses:
+                every = addresses.addresses()
+            dummy_addresses = {address for i, address in every if i == index}
+            self._node_addresses = self._local_addresses(every, index, every=True)
             if links:
-                ipr.link("del", index=links[0])
+                ipr.link("del", index=index)
         channel = self._ipvs()
         batch = channel.batch()
         for vs in kernel.dump(channel):
@@ -483,8 +525,14 @@ class IpvsBackend:
         failed: list[str] = []
         refused = self._send(channel, batch, failed)
         self._close_channel()  # nothing of ours is left to sync; a later call makes a new one
-        if failed:
-            raise RuntimeError(f"{len(failed)} IPVS operations failed: {'; '.join(failed[:3])}")
+        _raise_if(failed)
         self._programmed.clear()
         self._terminating.clear()
         return len(batch) - len(refused)
+
+
+def _raise_if(failed: list[str]) -> None:
+    """A sync whose kernel operations were refused in part fails (and is retried), once
+    every other operation is carried out."""
+    if failed:
+        raise RuntimeError(f"{len(failed)} IPVS operations failed: {'; '.join(failed[:3])}")

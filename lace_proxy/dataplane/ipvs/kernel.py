@@ -1,10 +1,10 @@
 """IPVS and what surrounds it: IPVS's table read back (netlink dumps through
 `netlink.IpvsChannel`, which also programs virtual and real servers in batches), its
-timeouts (pyroute2), the dummy interface's addresses and the sysctls IPVS mode needs."""
+timeouts (pyroute2), the dummy interface (its addresses: addresses.py) and the sysctls IPVS
+mode needs."""
 
 from __future__ import annotations
 
-import errno
 import ipaddress
 import logging
 import os
@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST, genlmsg
-from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.generic import ipvs as genl_ipvs
 
 from lace_proxy.dataplane.conntrack import Filter
@@ -26,7 +25,6 @@ from lace_proxy.dataplane.ipvs.model import (
     RealServer,
     Target,
     VirtualServer,
-    address_family,
 )
 from lace_proxy.dataplane.ipvs.netlink import IpvsChannel
 
@@ -172,11 +170,16 @@ def target(held: Held) -> Target:
 
 def dump(channel: IpvsChannel) -> dict[VirtualServer, tuple[Target, frozenset[tuple[str, int]]]]:
     """What IPVS holds: each virtual service with its serving real servers, and those of
-    weight 0 (draining) apart."""
-    return {
-        vs: (target(h), frozenset((r.address, r.port) for r in h[2] if r.weight == 0))
-        for vs, h in read(channel).items()
-    }
+    weight 0 (draining) apart; read as `read` reads, without a RealServer for each (a sync
+    needs none: 127k of them were 2 s of a 10k resync in the test VM)."""
+    out = {}
+    for vs, scheduler, persistence in services(channel):
+        serving: list[tuple[str, int]] = []
+        draining: list[tuple[str, int]] = []
+        for address, port, _, weight, _, _ in channel.servers(vs):
+            (serving if weight > 0 else draining).append((address, port))
+        out[vs] = (Target(scheduler, persistence, frozenset(serving)), frozenset(draining))
+    return out
 
 
 def dummy(ipr: Any, name: str) -> int:
@@ -186,36 +189,6 @@ def dummy(ipr: Any, name: str) -> int:
         ipr.link("add", ifname=name, kind="dummy")
         links = ipr.link_lookup(ifname=name)
     return int(links[0])
-
-
-def held_addresses(ipr: Any, index: int) -> set[str]:
-    return {str(ipaddress.ip_address(m.get("address"))) for m in ipr.get_addr(index=index)}
-
-
-def add_addresses(ipr: Any, index: int, addresses: set[str]) -> int:
-    """Add addresses to the dummy (one there already is fine: no dump of them all)."""
-    count = 0
-    for address in sorted(addresses):
-        length = 32 if address_family(address) == 4 else 128
-        try:
-            ipr.addr("add", index=index, address=address, prefixlen=length)
-            count += 1
-        except NetlinkError as exc:
-            if exc.code != errno.EEXIST:
-                raise
-    return count
-
-
-def del_addresses(ipr: Any, index: int, addresses: set[str]) -> int:
-    count = 0
-    for address in sorted(addresses):
-        length = 32 if address_family(address) == 4 else 128
-        try:
-            ipr.addr("del", index=index, address=address, prefixlen=length)
-            count += 1
-        except NetlinkError:
-            pass  # not there
-    return count
 
 
 def write_sysctls(values: dict[str, int]) -> None:

@@ -39,6 +39,9 @@ from lace_proxy.dataplane.netlink import (
     NetlinkSocket,
     header,
     messages,
+    reason,
+    refused,
+    send_batch,
 )
 
 #: Answers one `send` may leave waiting: a refusal per request at most (a CHUNK holds some
@@ -87,13 +90,7 @@ class Refusal(NamedTuple):
     message: str | None = None
 
     def __str__(self) -> str:
-        if not self.errno:
-            why = "no answer (the socket's buffer was full)"
-        else:
-            name = errnos.errorcode.get(self.errno, str(self.errno))
-            why = f"{name} ({os.strerror(self.errno)})"
-        extra = f": {self.message}" if self.message else ""
-        return f"IPVS {self.change} refused: {why}{extra}"
+        return f"IPVS {self.change} refused: {reason(Answer(self.errno, None, self.message))}"
 
 
 def _host_port(address: str, port: int) -> str:
@@ -163,15 +160,10 @@ class Batch:
         """The requests of one buffer the kernel refused, read from its answers; if the
         barrier's answer is missing (lost: the socket had no room), every request of the
         buffer without an answer counts as refused, its fate unknown."""
-        barrier = sequences[-1] in replies
-        out = []
-        for sequence in sequences:
-            answer = replies.get(sequence)
-            if answer is None and not barrier:
-                out.append(Refusal(sequence, self.change(sequence), 0))
-            elif answer is not None and answer.errno:
-                out.append(Refusal(sequence, self.change(sequence), answer.errno, answer.message))
-        return out
+        return [
+            Refusal(sequence, self.change(sequence), answer.errno, answer.message)
+            for sequence, answer in refused(replies, sequences)
+        ]
 
 
 class IpvsChannel:
@@ -240,18 +232,11 @@ class IpvsChannel:
     def send(self, batch: Batch) -> list[Refusal]:
         """Send a batch, a buffer at a time; the requests the kernel refused. A buffer the
         socket refuses (OSError) counts as refused whole, and the rest is still sent."""
-        refused: list[Refusal] = []
         self._sequence(len(batch))
-        for data, sequences in batch.buffers():
-            self.sock.replies()  # nothing of an earlier send is taken for this one's
-            try:
-                self.sock.send(data)
-            except OSError as exc:
-                code = exc.errno or errnos.EIO
-                refused += [Refusal(s, batch.change(s), code) for s in sequences]
-                continue
-            refused += batch.refusals(self.sock.replies(), sequences)
-        return refused
+        return [
+            Refusal(sequence, batch.change(sequence), answer.errno, answer.message)
+            for sequence, answer in send_batch(self.sock, batch.buffers())
+        ]
 
     def whole(self, batch: Batch) -> tuple[bytes, range]:
         """A batch as one buffer, for a caller that sends it itself (`send_together`); the

@@ -149,9 +149,10 @@ def test_dummy_interface() -> None:
 def test_the_read_back_agrees_with_ipvsadm(ipvs: IPVS) -> None:
     """The sync reads IPVS back with netlink dumps parsed by lace-proxy's codec
     (`kernel.read`): it must say what `ipvsadm -Ln` says, for IPv4 and IPv6, serving and
-    draining servers, persistence, with a fwmark service (not ours) in between."""
+    draining servers, persistence, with a fwmark service (not ours) in between; and the
+    sync's own, leaner read (`kernel.dump`) says what `read` says."""
     from lace_proxy.dataplane.ipvs import VirtualServer
-    from lace_proxy.dataplane.ipvs.kernel import read
+    from lace_proxy.dataplane.ipvs.kernel import dump, read, target
     from lace_proxy.dataplane.ipvs.netlink import IpvsChannel
 
     sh("ip", "addr", "add", "fd99::1/64", "dev", "lvs-rs0", "nodad")
@@ -176,6 +177,12 @@ def test_the_read_back_agrees_with_ipvsadm(ipvs: IPVS) -> None:
         sh("ipvsadm", "-a", "-t", "[fd98::1]:443", "-r", "[fd99::2]:8443", "-m", "-w", "3")
         with IpvsChannel() as channel:
             held = read(channel)
+            dumped = dump(channel)
+        assert dumped == {
+            vs: (target(h), frozenset((r.address, r.port) for r in h[2] if r.weight == 0))
+            for vs, h in held.items()
+        }
+        assert dumped[VirtualServer("TCP", VIP, 80)][1] == {(REAL_SERVERS[1], RS_PORT)}
         assert set(held) == {
             VirtualServer("TCP", VIP, 80),
             VirtualServer("UDP", VIP, 53),

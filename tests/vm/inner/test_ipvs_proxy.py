@@ -247,7 +247,8 @@ def test_an_address_goes_on_only_once_its_virtual_service_has_every_real_server(
         proxy.source._signature = None
         proxy.source.poll()
         assert not asyncio.run(proxy.proxier.sync())
-        assert "Permission denied" in (proxy.proxier.stats.last_error or ""), name
+        error = proxy.proxier.stats.last_error or ""
+        assert f"adding {vip6} to the dummy interface refused: EACCES" in error, name
         assert ipvsadm(tb)[f"TCP [{vip6}]:80"] == ("rr", pods6), name
         assert request_tcp(tb.client, vip6, 80).outcome == "refused", name
         assert set(names(many(tb.client, VIP4, 80, n=9))) == {"pod1", "pod2", "pod3"}, name
