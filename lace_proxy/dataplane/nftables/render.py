@@ -314,7 +314,10 @@ class Renderer(Skeleton):
 
         def endpoints(kind: str, frontend: str, backends: list[Backend]) -> None:
             """The frontend's I-th backend in KIND's endpoint map I, and the frontend in
-            the set of its count (which picks the chain's rule that chooses among them)."""
+            the set of its count (which picks the chain's rule that chooses among them).
+            Not under IPVS, which translates: nothing would look them up."""
+            if not self.s.translate:
+                return
             m = COUNTED[kind]
             if out.deferred is not None:
                 if backends:
