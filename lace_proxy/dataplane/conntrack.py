@@ -198,10 +198,6 @@ def stale_udp_filters_by_elements(
     return out
 
 
-#: A dispatch element to a shared chain: there whether the frontend is served or not.
-_SHARED_DISPATCH = re.compile(r" : goto a?(?:lb|ext|xl|np|npl)-v[46]$")
-
-
 def _served_frontends(
     diff: Mapping[str, tuple[set[str], set[str]]], fam: int
 ) -> tuple[set[str], set[str]]:
@@ -216,8 +212,8 @@ def _served_frontends(
             now |= new
     for container in (f"service-ips-v{fam}", f"service-nodeports-v{fam}"):
         gone, new = diff.get(container, (set(), set()))
-        before |= {e.partition(" : ")[0] for e in gone if not _SHARED_DISPATCH.search(e)}
-        now |= {e.partition(" : ")[0] for e in new if not _SHARED_DISPATCH.search(e)}
+        before |= {e.partition(" : ")[0] for e in gone}
+        now |= {e.partition(" : ")[0] for e in new}
     return before, now
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from lace_proxy.dataplane.nftables.kernel import KernelState
 from lace_proxy.dataplane.nftables.render import Rendered, Renderer, element_key, name_hash
-from lace_proxy.dataplane.nftables.skeleton import NO_ENDPOINT_SETS
+from lace_proxy.dataplane.nftables.skeleton import FRONTEND_KINDS, NO_ENDPOINT_SETS, NODEPORT_KINDS
 from lace_proxy.explain.explanation import Expect, Explanation, KernelCheck
 from lace_proxy.explain.query import Query
 from lace_proxy.table import NODE_PORT, Access
@@ -54,13 +54,18 @@ def dispatch_expects(plan: Plan, f: Frontend, q: Query) -> list[Expect]:
     _, element, _ = access_elements(plan, f, None)
     v = f"v{plan.family}"
     nodeport = f.kind == NODE_PORT
-    dispatch = f"service-nodeports-{v}" if nodeport else f"service-ips-{v}"
+    dispatch = (
+        (f"service-nodeports-{v}", *(f"nodeports-{k}-{v}" for k in NODEPORT_KINDS))
+        if nodeport
+        else (f"service-ips-{v}", *(f"frontends-{k}-{v}" for k in FRONTEND_KINDS))
+    )
     refusals = tuple(
         f"{name}-{v}"
         for name in NO_ENDPOINT_SETS
         if name.startswith("no-endpoint-nodeport-") == nodeport
     )
-    return [Expect((dispatch, *refusals), element, True, "the service's dispatch", programmed=True)]
+    what = "the service's dispatch"
+    return [Expect((*dispatch, *refusals), element, True, what, programmed=True)]
 
 
 def unpeered_expect(q: Query, present: bool) -> Expect:

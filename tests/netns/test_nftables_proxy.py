@@ -405,7 +405,7 @@ def test_manifest_edits_change_the_kernel(proxy: Harness) -> None:
     assert request_tcp(tb.client, VIP4, 81).outcome == "escaped"
     state = proxy.backend.read_back()
     assert state is not None
-    assert not any(state.elements[m] for m in ("service-ips-v4", "cluster-ips-v4"))
+    assert not any(state.elements[m] for m in ("frontends-lb-v4", "cluster-ips-v4"))
     assert not [c for c in state.chains if c.startswith(("svc-", "ep-"))]
 
 

@@ -123,8 +123,8 @@ def test_periodic_full_sync_repairs_drift(tb: Testbed) -> None:
         proxier.synced("a")
         proxier.synced("b")
         await eventually(lambda: _eq(answers(tb, 6), {"pod1", "pod2", "pod3"}))
-        # Someone flushes our service map behind our back.
-        tb.exec(tb.node, ["nft", "flush", "map", "inet", "lace-proxy", "service-ips-v4"])
+        # Someone flushes our frontends behind our back.
+        tb.exec(tb.node, ["nft", "flush", "set", "inet", "lace-proxy", "frontends-lb-v4"])
         assert await answers(tb, 3) != {"pod1", "pod2", "pod3"}
         full_before = proxier.stats.full_syncs
         await eventually(lambda: proxier.stats.full_syncs >= full_before + 3, timeout=5)

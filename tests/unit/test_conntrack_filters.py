@@ -138,11 +138,11 @@ def test_a_frontend_just_served_drops_only_its_untranslated_flows(twin: ModuleTy
     diff = {name: (set(), elements) for name, elements in served.items()}
     stale = stale_udp_filters_by_elements(diff, table.plans())
     assert (stale.moved, set(stale.untranslated)) == ([], UNTRANSLATED)
-    # A frontend whose count changed was served before; a dispatch element to a shared
-    # chain is there for a service without endpoints too: neither is just served.
+    # A frontend whose count changed was served before; a frontend in its kind's set is
+    # there for a service without endpoints too: neither is just served.
     unserved = {
         "endpoints-count-1-v4": ({"10.96.0.10 . udp . 53"}, set()),
         "endpoints-count-2-v4": (set(), {"10.96.0.10 . udp . 53"}),
-        "service-ips-v4": (set(), {"192.0.2.9 . udp . 53 : goto ext-v4"}),
+        "frontends-ext-v4": (set(), {"192.0.2.9 . udp . 53"}),
     }
     assert stale_udp_filters_by_elements(unserved).untranslated == []

@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 #: Dynamic state a full sync keeps: clients' remembered endpoints, moved flows' replies.
 KEPT = ("affinity-v4", "affinity-v6", *rescue.CONTAINERS)
 #: Changes whenever what a table's skeleton means changes (see NftablesBackend._skeleton).
-SKELETON_VERSION = 2
+SKELETON_VERSION = 3
 #: Every this many full syncs read every element back (see NftablesBackend.full_sync).
 VERIFY_EVERY = 10
 

@@ -13,7 +13,7 @@ import re
 from typing import TYPE_CHECKING, NamedTuple
 
 from lace_proxy.dataplane.nftables.shared import ENDPOINT_MAP, NEED_SET
-from lace_proxy.dataplane.nftables.skeleton import VERDICTS
+from lace_proxy.dataplane.nftables.skeleton import FRONTEND_KINDS, NODEPORT_KINDS, VERDICTS
 from lace_proxy.twins import load
 
 if TYPE_CHECKING:  # both twins have the pure one's API (a test holds them equal)
@@ -54,10 +54,10 @@ def _layouts(family: int) -> dict[str, Layout]:
     port_key = (PROTO, PORT)
     flow = (a, PORT, a, PORT)
     out = {
-        "cluster-route": Layout(frontend, (VERDICT,)),
+        "cluster-route": Layout(frontend),
         "affinity-ids": Layout(frontend, (MARK,)),
         "affinity-nodeport-ids": Layout(port_key, (MARK,)),
-        "nodeport-cluster-route": Layout(port_key, (VERDICT,)),
+        "nodeport-cluster-route": Layout(port_key),
         "service-ips": Layout(frontend, (VERDICT,)),
         "firewall-ips": Layout(frontend),
         "firewall-allow": Layout((*frontend, a), interval=True),
@@ -74,6 +74,10 @@ def _layouts(family: int) -> dict[str, Layout]:
         "rescue-sport": Layout(flow, (PORT,)),
         "rescue-saddr": Layout(flow, (a,)),
     }
+    for kind in FRONTEND_KINDS:
+        out[f"frontends-{kind}"] = Layout(frontend)
+    for kind in NODEPORT_KINDS:
+        out[f"nodeports-{kind}"] = Layout(port_key)
     for verdict in VERDICTS:
         out[f"no-endpoint-{verdict}"] = Layout(frontend)
         out[f"no-local-endpoint-{verdict}"] = Layout(frontend)

@@ -6,12 +6,13 @@ table stays fast at tens of thousands of services: the kernel's cost of a transa
 grows with the number of chains (nft re-reads them all; the kernel re-validates jumps),
 and anonymous sets bound in rules cost quadratically when many are loaded at once.
 
-- `service-ips-v4` sends a frontend to a shared chain by its kind alone: `lb-v4` (DNAT),
-  `ext-v4` (external: masquerade first), `xl-v4` (externalTrafficPolicy Local), `alb-v4` /
-  `aext-v4` (ClientIP affinity); NodePorts `service-nodeports-v4` to `np-v4`, `npl-v4`,
-  `anp-v4`. A frontend's element stays while its service does, endpoints or none: the
-  kernel re-validates every jump of the table when a goto element is added (milliseconds at
-  30k services), so an endpoint change touches data only.
+- A frontend is in the set of its service's kind, whose rule sends it to the shared chain
+  of that kind (skeleton.py): `frontends-lb-v4` to `lb-v4` (DNAT), `frontends-ext-v4` to
+  `ext-v4` (external: masquerade first), `xl` (externalTrafficPolicy Local), `alb` / `aext`
+  (ClientIP affinity); NodePorts `nodeports-np-v4` to `np-v4`, `npl`, `anp`. The element
+  stays while its service does, endpoints or none, and it is data: the kernel re-validates
+  every chain a goto or jump element leads to when one is added (seconds at 30k services on
+  a 6.1 kernel), so neither a service nor an endpoint change adds one.
 - Counts are data (shared.py): a frontend with N endpoints is in the set
   `endpoints-count-N-v4`, which picks the rule of `lb-v4` that chooses one of N by
   `numgen random`; the I-th endpoint is in the map `endpoints-I-v4`. A frontend without
@@ -342,7 +343,7 @@ class Renderer(Skeleton):
 
         internal = local if plan.internal_local else cluster
         cluster_key = f"{plan.cluster_ip} . {key}"
-        out.element(f"service-ips-{v}", f"{cluster_key} : goto {a}lb-{v}")
+        out.element(f"frontends-{a}lb-{v}", cluster_key)
         if plan.internal_verdict is None and internal:
             endpoints("lb", cluster_key, internal)
             if affinity:
@@ -367,13 +368,13 @@ class Renderer(Skeleton):
                 out.element(f"{container}-{verdict}-{v}", f"{address} . {key}")
             if plan.node_port:
                 out.element(f"no-endpoint-nodeport-{verdict}-{v}", np_key)
-        ext = f"xl-{v}" if plan.external_local else f"{a}ext-{v}"
-        np = f"npl-{v}" if plan.external_local else f"{a}np-{v}"
+        ext = "xl" if plan.external_local else f"{a}ext"
+        np = "npl" if plan.external_local else f"{a}np"
         for address in external_addresses:
             frontend = f"{address} . {key}"
-            out.element(f"service-ips-{v}", f"{frontend} : goto {ext}")
+            out.element(f"frontends-{ext}-{v}", frontend)
             if plan.external_local:
-                out.element(f"cluster-route-{v}", f"{frontend} : goto lb-{v}")
+                out.element(f"cluster-route-{v}", frontend)
             if not served:
                 continue
             if plan.external_local:
@@ -382,9 +383,9 @@ class Renderer(Skeleton):
             if affinity:
                 out.element(f"affinity-ids-{v}", f"{frontend} : {aid}")
         if plan.node_port:
-            out.element(f"service-nodeports-{v}", f"{np_key} : goto {np}")
+            out.element(f"nodeports-{np}-{v}", np_key)
             if plan.external_local:
-                out.element(f"nodeport-cluster-route-{v}", f"{np_key} : goto npc-{v}")
+                out.element(f"nodeport-cluster-route-{v}", np_key)
             if served:
                 if plan.external_local:
                     endpoints("npl", np_key, local)

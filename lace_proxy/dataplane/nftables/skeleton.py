@@ -3,8 +3,10 @@
 Base chains hook into netfilter (filter at priority -110, before conntrack's NAT; nat at
 dstnat and srcnat; the UDP reply rescue at raw and srcnat, see rescue.py) and jump to
 helper chains. Those look frontends up in the maps and sets the plans fill (declared here,
-empty): `service-ips` and `service-nodeports` dispatch to the shared chains that DNAT
-(shared.py: those and the sets and maps of endpoint counts are made as counts are used),
+empty): the `frontends-*` and `nodeports-*` sets send a service's frontends to the shared
+chains of their kind, which DNAT (shared.py: their rules, and the sets and maps of endpoint
+counts, are made as counts are used); `service-ips` and `service-nodeports` send the rare
+per-service chains' frontends,
 `no-endpoint-*` reject or drop what has no endpoint, `firewall-*` hold
 loadBalancerSourceRanges, `controlled-*` and the network model's chains decide access.
 
@@ -25,9 +27,18 @@ FAMILIES = (4, 6)
 AFFINITY_SIZE = 1 << 20
 #: Chains the network model fills (see Renderer.render_networks); empty without it.
 ACCESS_CHAINS = ("access", "host-access", "unproxied")
-#: Chains that record ClientIP affinity's choices, filled by the renderer (one rule per
-#: timeout in use); declared here since nat-postrouting jumps to them.
-RECORD_CHAINS = tuple(f"arec-v{fam}" for fam in FAMILIES)
+#: The shared chains (shared.py fills them), declared here since the skeleton's rules go to
+#: them: lb / npc DNAT to a frontend's (NodePort's) endpoints by their count; ext / np
+#: masquerade, then lb / npc; xl / npl are externalTrafficPolicy Local's; alb / aext / anp:
+#: the same with ClientIP affinity; arec records affinity (by timeout).
+SHARED_KINDS = ("lb", "ext", "npc", "np", "xl", "npl", "alb", "aext", "anp", "arec")
+SHARED_CHAINS = tuple(f"{kind}-v{fam}" for fam in FAMILIES for kind in SHARED_KINDS)
+#: The kinds a frontend (an address . protocol . port) or a NodePort is sent to: the sets
+#: `frontends-KIND-vF` and `nodeports-KIND-vF` hold them, one rule each sends them on. Sets,
+#: not a verdict map's elements: the kernel re-validates every chain a jump element leads
+#: to when one is added (at 30k frontends, seconds on a 6.1 kernel), a rule's once.
+FRONTEND_KINDS = ("lb", "ext", "xl", "alb", "aext")
+NODEPORT_KINDS = ("np", "npl", "anp")
 #: Where a frontend without (local) endpoints is refused, by verdict: the filter chains
 #: reject or drop what these sets hold. Sets, not verdict maps: adding a jump or goto element
 #: makes the kernel re-validate the whole table, and these change with endpoints.
@@ -80,12 +91,20 @@ class Skeleton:
             ip = ip_keyword(fam)
             at = addr_type(fam)
             lines += [
-                f"  map cluster-route-{v} {{ type {at} . inet_proto . inet_service : verdict; }}",
+                f"  set cluster-route-{v} {{ type {at} . inet_proto . inet_service; }}",
                 f"  map affinity-ids-{v} {{ type {at} . inet_proto . inet_service : mark; }}",
                 f"  map affinity-nodeport-ids-{v} {{ type inet_proto . inet_service : mark; }}",
                 f"  map affinity-{v} {{ type {at} . mark : {at} . inet_service;"
                 f" flags dynamic,timeout; size {AFFINITY_SIZE}; }}",
-                f"  map nodeport-cluster-route-{v} {{ type inet_proto . inet_service : verdict; }}",
+                f"  set nodeport-cluster-route-{v} {{ type inet_proto . inet_service; }}",
+                *(
+                    f"  set frontends-{kind}-{v} {{ type {at} . inet_proto . inet_service; }}"
+                    for kind in FRONTEND_KINDS
+                ),
+                *(
+                    f"  set nodeports-{kind}-{v} {{ type inet_proto . inet_service; }}"
+                    for kind in NODEPORT_KINDS
+                ),
             ]
             lines += [
                 f"  map service-ips-{v} {{ type {at} . inet_proto . inet_service : verdict; }}",
@@ -145,11 +164,12 @@ class Skeleton:
                     f"    {ip} daddr @cluster-ips-{v} {ip} saddr != @cluster-cidrs-{v}"
                     " jump mark-for-masquerade"
                 )
-            lines.append(f"    {ip} daddr . meta l4proto . th dport vmap @service-ips-{v}")
-            lines.append(
-                f"    {self.nodeport_match(fam)} meta l4proto . th dport"
-                f" vmap @service-nodeports-{v}"
-            )
+            lookup = f"{ip} daddr . meta l4proto . th dport"
+            lines += [f"    {lookup} @frontends-{k}-{v} goto {k}-{v}" for k in FRONTEND_KINDS]
+            lines.append(f"    {lookup} vmap @service-ips-{v}")  # per-service chains (rare)
+            np_lookup = f"{self.nodeport_match(fam)} meta l4proto . th dport"
+            lines += [f"    {np_lookup} @nodeports-{k}-{v} goto {k}-{v}" for k in NODEPORT_KINDS]
+            lines.append(f"    {np_lookup} vmap @service-nodeports-{v}")
         for chain, what in (
             ("service-endpoints-check", "no-endpoint"),
             ("external-endpoints-check", "no-local-endpoint"),
@@ -179,7 +199,7 @@ class Skeleton:
                 f" @controlled-nodeports-{v} {DENY}"
             )
         lines += ["  }"]
-        for name in (*ACCESS_CHAINS, *RECORD_CHAINS):
+        for name in (*ACCESS_CHAINS, *SHARED_CHAINS):
             lines += [f"  chain {name} {{", "  }"]
         if not self.s.translate:
             # Under IPVS the service addresses are the node's own: anything but a service
