@@ -11,10 +11,11 @@ netlink sockets are used exactly as the proxy uses them on a node. The nftables 
 issue 17's: a cold start, endpoint changes, a periodic full sync and a restarted process's
 adoption, each with the kernel's share (sys time) beside it; the JSON summary under
 "30000/default" carries them (cold_start_s, change_s, change_p99_s, adopt_s, resync_s,
-rss_mib, elements). The adoption runs in a new process, as a restart does (it builds the
-same table first, then adopts the namespace's). rss_mib is the peak of the proxy's processes:
-the worker's own, the worker's at the time of each nft run plus that nft's own peak, and the
-restarted process's.
+rss_mib, elements). The nftables figures are taken in a process of their own that builds
+its table once, as a node's proxy does (the worker's repeated builds would stand in its
+memory), and the adoption in another, as a restart is. rss_mib is the peak of those
+processes (VmHWM: ru_maxrss of a process a big one started includes its parent's): the
+programming one's, its RSS while each nft ran plus that nft's own peak, the restarted one's.
 
 GC modes: "default" is Python's stock collector settings. "freeze" is what we propose the
 proxy does: `gc.freeze()` once the initial LIST of services and slices is parsed (before
@@ -225,6 +226,16 @@ def _slice(
 def _rss_mib() -> float:
     """Peak RSS of this process so far (ru_maxrss is in KiB on Linux)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _hwm_mib() -> float:
+    """This process's peak RSS since its exec (VmHWM). ru_maxrss would not do for a process
+    a big one started: spawned by vfork, its exec folds the parent's peak into its own."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def _rss_now_mib() -> float:
@@ -439,25 +450,45 @@ def _adoption(args: argparse.Namespace, changes: int) -> dict[str, Any]:
     """A restarted proxy's first full sync on the programmed table, in a new process (as a
     restart is): it builds the same table (the same cluster, the same `changes` slice
     updates since), then adopts; its time, the kernel's share, its peak RSS."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--adopt", str(args.worker)]
+    size = args.nft_worker
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--adopt", str(size)]
     cmd += ["--endpoints", str(args.endpoints), "--runs", str(changes)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"adoption at {args.worker} failed:\n{proc.stderr}")
+        raise RuntimeError(f"adoption at {size} failed:\n{proc.stderr}")
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
-def adopt_worker(args: argparse.Namespace) -> dict[str, Any]:
-    """The restarted process of _adoption (compiled twin, default GC): it lists the objects
-    as they are now (the slices after `runs` updates) and builds its table once."""
+def _proxy_process(size: int, endpoints: int, changes: int) -> tuple[Cluster, Any]:
+    """What a proxy process starts with: the objects as they are after `changes` slice
+    updates (one LIST), its table built once (compiled twin, default GC)."""
     twin = importlib.import_module(TWIN_MODULES["compiled"])
-    cluster = make_cluster(args.adopt, args.endpoints)
+    cluster = make_cluster(size, endpoints)
     latest = {sl.key: sl for sl in cluster.slices}
-    for run in range(args.runs):
+    for run in range(changes):
         changed = _variant(cluster, run)
         latest[changed.key] = changed
-    cluster = dataclasses.replace(cluster, slices=list(latest.values()), variants=[])
+    cluster = dataclasses.replace(cluster, slices=list(latest.values()))
     table, _, _ = _full_build(twin, cluster)
+    return cluster, table
+
+
+def nft_worker(args: argparse.Namespace) -> dict[str, Any]:
+    """The nftables figures in a process of their own, as a node's proxy is (the worker's
+    repeated builds and updates would stand in its memory): the changes go on with the
+    variants' sequence after the one-slice updates'."""
+    cluster, table = _proxy_process(args.nft_worker, args.endpoints, args.runs)
+    out = _nft_bench(table, cluster, args.nft_runs, args.runs, args)
+    # The peak of the processes of a node's proxy: this one's, nft's beside it while it
+    # ran, and the restarted one's.
+    out["rss_mib"] = max(_hwm_mib(), out["tree_at_nft_mib"], out["adopt_rss_mib"])
+    return out
+
+
+def adopt_worker(args: argparse.Namespace) -> dict[str, Any]:
+    """The restarted process of _adoption: it lists the objects as they are now and builds
+    its table once, then adopts."""
+    _, table = _proxy_process(args.adopt, args.endpoints, args.runs)
     empty = table.build()
     table.commit()
     nft = TimedNft()
@@ -468,7 +499,7 @@ def adopt_worker(args: argparse.Namespace) -> dict[str, Any]:
         "adopt_sys_s": adopt_sys_s,
         "adopt_sent": sum(c.commands for c in nft.calls),  # 0: the table was as wanted
         "adopt_nft_processes": nft.processes,
-        "adopt_rss_mib": _rss_mib(),
+        "adopt_rss_mib": _hwm_mib(),
     }
 
 
@@ -513,10 +544,15 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     result["update"] = _slice_updates(table, cluster, args.runs)
     result["rss_table_mib"] = _rss_mib()
     if args.nft:
-        result["nft"] = nft = _nft_bench(table, cluster, args.nft_runs, args.runs, args)
-        # The peak of the processes of a node's proxy: this one's (nft's beside it while it
-        # ran), and the restarted one's.
-        result["rss_mib"] = max(_rss_mib(), nft["tree_at_nft_mib"], nft["adopt_rss_mib"])
+        del table, cluster
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--nft-worker", str(args.worker)]
+        cmd += ["--endpoints", str(args.endpoints), "--runs", str(args.runs)]
+        cmd += ["--nft-runs", str(args.nft_runs)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"nftables at {args.worker} failed:\n{proc.stderr}")
+        result["nft"] = json.loads(proc.stdout.strip().splitlines()[-1])
+        result["rss_mib"] = result["nft"]["rss_mib"]
     return result
 
 
@@ -779,8 +815,8 @@ def print_report(
     w("")
     w(
         "Peak RSS per process (MiB): after building the model objects, then after the table; "
-        "+nft: the compiled worker's peak with nftables (nft's own beside it while it ran, "
-        "and the restarted process's)"
+        "+nft: the proxy's processes with nftables (one that builds its table once and "
+        "programs it, nft's own beside it while it ran, and the restarted one)"
     )
     w(f"{'services':>8}  {'models':>7}  {'compiled':>8}  {'+nft':>6}  {'pure':>6}")
     for size in sizes:
@@ -817,6 +853,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--adopt", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--nft-worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--twin", choices=sorted(TWIN_MODULES), help=argparse.SUPPRESS)
     parser.add_argument("--gc", choices=GC_MODES, default="default", help=argparse.SUPPRESS)
     parser.add_argument("--nft", action="store_true", help=argparse.SUPPRESS)
@@ -827,6 +864,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.adopt is not None:
         print(json.dumps(adopt_worker(args)))
+        return 0
+    if args.nft_worker is not None:
+        print(json.dumps(nft_worker(args)))
         return 0
 
     sizes = sorted(int(s) for s in args.sizes.split(",") if s.strip())
