@@ -26,6 +26,7 @@ both parsers go to one list, in order); IPv4-mapped IPv6 addresses are written b
 the pure twin's own, so that either twin's errors are caught alike.
 """
 
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.tuple cimport PyTuple_GET_SIZE
@@ -370,7 +371,11 @@ cdef class Batch:
     cdef object _first
     cdef object _sequence
     cdef object _last_sequence
-    cdef unsigned char* _buf  # every message, one after the other
+    # Every message, one after the other, at `_buf`: 20 bytes into `_array`, whose first and
+    # last 20 are the batch's begin and end (finish writes them: the batch is sent as it is,
+    # not copied, which at 30k services is 18 MiB less at a cold start's peak).
+    cdef bytearray _array
+    cdef unsigned char* _buf
     cdef Py_ssize_t _length
     cdef Py_ssize_t _capacity
     cdef Py_ssize_t _count  # messages
@@ -409,20 +414,19 @@ cdef class Batch:
         self.last_request = 0
 
     def __dealloc__(self):
-        PyMem_Free(self._buf)
         PyMem_Free(self._offsets)
         PyMem_Free(self._owners)
 
     cdef int _reserve(self, Py_ssize_t more) except -1:
         cdef Py_ssize_t capacity
-        cdef void* grown
         if self._length + more <= self._capacity:
             return 0
         capacity = max(self._capacity * 2, self._length + more, 1 << 16)
-        grown = PyMem_Realloc(self._buf, capacity)
-        if grown == NULL:
-            raise MemoryError()
-        self._buf = <unsigned char*>grown
+        if self._array is None:
+            self._array = bytearray(20 + capacity + 20)
+        else:
+            PyByteArray_Resize(self._array, 20 + capacity + 20)
+        self._buf = <unsigned char*>PyByteArray_AS_STRING(self._array) + 20
         self._capacity = capacity
         return 0
 
@@ -595,22 +599,24 @@ cdef class Batch:
 
     def finish(self):
         """The batch, the last message asking for an acknowledgement (the barrier: once it
-        is read, every answer of the batch has been)."""
+        is read, every answer of the batch has been); the last call on the batch."""
         cdef uint16_t message_flags
-        cdef bytes out, begin, end
+        cdef bytes begin, end
+        cdef bytearray out
         cdef char* p
         if not self._count:
-            return b""
+            return bytearray()
         self.last_request = self._last_sequence
         res = socket.htons(NFNL_SUBSYS_NFTABLES)
         begin = _NLMSG.pack(20, NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, self._first, 0)
         end = _NLMSG.pack(20, NFNL_MSG_BATCH_END, NLM_F_REQUEST, self._sequence, 0)
         begin += _NFGEN.pack(0, 0, res)
         end += _NFGEN.pack(0, 0, res)
-        out = PyBytes_FromStringAndSize(NULL, 20 + self._length + 20)
-        p = PyBytes_AS_STRING(out)
+        PyByteArray_Resize(self._array, 20 + self._length + 20)  # no element follows
+        out = self._array
+        self._capacity = self._length
+        p = PyByteArray_AS_STRING(out)
         memcpy(p, PyBytes_AS_STRING(begin), 20)
-        memcpy(p + 20, self._buf, self._length)
         memcpy(p + 20 + self._length, PyBytes_AS_STRING(end), 20)
         memcpy(&message_flags, p + 20 + self._last + 6, 2)
         message_flags |= NLM_F_ACK

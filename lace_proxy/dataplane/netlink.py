@@ -119,7 +119,7 @@ class NetlinkSocket:
                     out[sequence] = _answer(data[offset + _HEADER.size : offset + length], flags)
                 offset += (length + 3) & ~3
 
-    def send(self, data: bytes) -> None:
+    def send(self, data: bytes | bytearray) -> None:
         """Send one buffer (a request, or a batch of them)."""
         _send_all(self, data)
 
@@ -255,8 +255,10 @@ def send_together(parts: Sequence[tuple[NetlinkSocket, bytes]]) -> None:
         _send_all(sock, data)
 
 
-def _send_all(sock: NetlinkSocket, data: bytes) -> None:
-    sent = _send(sock.fileno(), data, len(data), 0)
+def _send_all(sock: NetlinkSocket, data: bytes | bytearray) -> None:
+    # A bytearray (a batch the codec built in place) is passed as it is, not copied.
+    buffer = (ctypes.c_char * len(data)).from_buffer(data) if isinstance(data, bytearray) else data
+    sent = _send(sock.fileno(), buffer, len(data), 0)
     if sent != len(data):
         code = ctypes.get_errno() if sent < 0 else errno.EMSGSIZE
         raise OSError(code, f"netlink send: {os.strerror(code)}")

@@ -253,11 +253,12 @@ class Batch:
         """The number of messages (besides the batch's begin and end)."""
         return len(self._messages)
 
-    def finish(self) -> bytes:
+    def finish(self) -> bytearray:
         """The batch, the last message asking for an acknowledgement (the barrier: once it
-        is read, every answer of the batch has been)."""
+        is read, every answer of the batch has been); the last call on the batch. A
+        bytearray, as the compiled twin's (its buffer, sent as it is)."""
         if not self._messages:
-            return b""
+            return bytearray()
         last = bytearray(self._messages[-1])
         flags = _NLMSG.unpack_from(last)[2] | NLM_F_ACK
         struct.pack_into("=H", last, 6, flags)
@@ -265,7 +266,7 @@ class Batch:
         res = socket.htons(NFNL_SUBSYS_NFTABLES)
         begin = _NLMSG.pack(20, NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, self._first, 0)
         end = _NLMSG.pack(20, NFNL_MSG_BATCH_END, NLM_F_REQUEST, self._sequence, 0)
-        return b"".join(
+        return bytearray().join(
             (
                 begin,
                 _NFGEN.pack(0, 0, res),
