@@ -3,7 +3,7 @@
 - `settings`: what it takes from the configuration, validated.
 - `skeleton`: the table's fixed part (base chains, the maps and sets the plans fill).
 - `render`: what plans and the network layout add, deterministically; the table's layout
-  is described there.
+  is described there. `shared`: the shared chains and the counts they dispatch on.
 - `affinity`: ids of the service ports with ClientIP affinity.
 - `backend`: `NftablesBackend`, the Dataplane (base.py): apply, full sync, adoption.
 - `kernel`: the table read back from the kernel.
