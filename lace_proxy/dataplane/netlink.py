@@ -11,6 +11,7 @@ socket.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import ctypes
 import errno
@@ -21,7 +22,7 @@ import struct
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
-from typing import NamedTuple
+from typing import NamedTuple, Self
 
 from lace_proxy.dataplane.nft import enter_netns
 
@@ -57,7 +58,44 @@ _send.restype = ctypes.c_ssize_t
 ANSWER_BYTES = 1024
 
 
-class NetlinkSocket:
+class _Closing(abc.ABC):
+    """Closed when the `with` block it opens is left."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release the socket."""
+
+
+class Channel(_Closing):
+    """A netlink socket of its own with its own sequence numbers: what the IPVS and address
+    channels share."""
+
+    def __init__(self, protocol: int, answers: int) -> None:
+        self.sock = NetlinkSocket(protocol, answers)
+        self._next = 1
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _sequence(self, count: int = 1) -> int:
+        """The first of `count` new sequence numbers (0 is never one)."""
+        first = self._next
+        self._next = (self._next + count) % 0x7FFFFFFF or 1
+        return first
+
+
+class NetlinkSocket(_Closing):
     """A netlink socket of one protocol, in the calling thread's network namespace, with
     room for `answers` answers waiting at once (SO_RCVBUFFORCE: CAP_NET_ADMIN, which
     programming IPVS or conntrack needs anyway; without it, the default buffer)."""
@@ -77,15 +115,7 @@ class NetlinkSocket:
                 self._sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, answers * ANSWER_BYTES)
         self._sock.bind((0, 0))
 
-    def __enter__(self) -> NetlinkSocket:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def close(self) -> None:
         self._sock.close()
 
     def fileno(self) -> int:

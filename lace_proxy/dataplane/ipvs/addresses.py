@@ -22,13 +22,12 @@ import ipaddress
 import socket
 import struct
 from collections.abc import Iterable
-from types import TracebackType
 from typing import NamedTuple
 
 from lace_proxy.dataplane.netlink import (
     NLMSG_ERROR,
     Answer,
-    NetlinkSocket,
+    Channel,
     header,
     messages,
     reason,
@@ -108,30 +107,11 @@ def _parse(payload: bytes) -> tuple[int, str] | None:
     return index, str(ipaddress.ip_address(raw))
 
 
-class AddressChannel:
+class AddressChannel(Channel):
     """An rtnetlink socket in the calling thread's network namespace, for addresses."""
 
     def __init__(self) -> None:
-        self.sock = NetlinkSocket(socket.NETLINK_ROUTE, ANSWERS)
-        self._next = 1
-
-    def __enter__(self) -> AddressChannel:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.sock.__exit__(exc_type, exc, tb)
-
-    def _sequence(self, count: int = 1) -> int:
-        """The first of `count` new sequence numbers (a channel lives for a sync or two:
-        they never run out)."""
-        first = self._next
-        self._next += count
-        return first
+        super().__init__(socket.NETLINK_ROUTE, ANSWERS)
 
     def addresses(self) -> list[tuple[int, str]]:
         """Every address of the namespace with its interface's index, from one dump."""

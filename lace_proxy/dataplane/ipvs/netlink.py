@@ -14,7 +14,6 @@ from __future__ import annotations
 import errno as errnos
 import os
 import struct
-from types import TracebackType
 from typing import NamedTuple
 
 from lace_proxy.dataplane.ipvs.codec import (
@@ -36,7 +35,7 @@ from lace_proxy.dataplane.netlink import (
     NETLINK_GENERIC,
     NLMSG_ERROR,
     Answer,
-    NetlinkSocket,
+    Channel,
     header,
     messages,
     reason,
@@ -166,38 +165,18 @@ class Batch:
         ]
 
 
-class IpvsChannel:
+class IpvsChannel(Channel):
     """A generic netlink socket for IPVS in the calling thread's network namespace, with
     the IPVS family's id (resolved once, when it is made: OSError ENOENT if this kernel has
     no IPVS)."""
 
     def __init__(self) -> None:
-        self.sock = NetlinkSocket(NETLINK_GENERIC, ANSWERS)
-        self._next = 1
+        super().__init__(NETLINK_GENERIC, ANSWERS)
         try:
             self.family = self._family("IPVS")
         except BaseException:
-            self.sock.__exit__(None, None, None)
+            self.close()
             raise
-
-    def __enter__(self) -> IpvsChannel:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self.sock.__exit__(None, None, None)
-
-    def _sequence(self, count: int = 1) -> int:
-        first = self._next
-        self._next = (self._next + count) % 0x7FFFFFFF or 1
-        return first
 
     def _family(self, name: str) -> int:
         """A generic netlink family's id (CTRL_CMD_GETFAMILY)."""
