@@ -59,7 +59,6 @@ from lace_proxy.dataplane.nftables.skeleton import (
     FAMILIES,
     Skeleton,
     addr_type,
-    family_cidrs,
     ip_keyword,
 )
 from lace_proxy.networks.graph import NetworkLayout
@@ -144,9 +143,6 @@ class Renderer(Skeleton):
         super().__init__(settings)
         self.affinity_ids = AffinityIds()
         self.shared = SharedChains(settings)
-        self._has_cluster_cidrs = {
-            f: bool(family_cidrs(settings.cluster_cidrs, f)) for f in FAMILIES
-        }
 
     def render(self, plan: Plan, into: Rendered | None = None) -> Rendered:
         """The plan's objects (its affinity id, if it needs one, assigned already).
@@ -459,7 +455,7 @@ class Renderer(Skeleton):
             target = svc or local
             if plan.external_local:
                 rules = []
-                if target and self._has_cluster_cidrs[fam]:
+                if target and self.shared.has_cluster_cidrs[fam]:
                     rules.append(f"{ip} saddr @cluster-cidrs-{v} goto {target}")
                 rules.append("fib saddr type local jump mark-for-masquerade")
                 if target:

@@ -42,7 +42,7 @@ PRECREATED_COUNTS = 16
 #: the set of frontends with N endpoints, the endpoint maps 0..N-1), or arec-vF-T, affinity
 #: of T seconds (its rule and the set of the affinity ids with that timeout).
 NEED = re.compile(r"^(lb|xl|npc|npl|arec)-v([46])-([0-9]+)$")
-_MAPS = "endpoints|local-endpoints|nodeport-endpoints|nodeport-local-endpoints"
+_MAPS = "|".join(COUNTED.values())
 #: The sets that stand for a need: MAP-count-N-vF, affinity-timeout-T-vF.
 NEED_SET = re.compile(rf"^(?:({_MAPS})-count|affinity-timeout)-([0-9]+)-v([46])$")
 #: The endpoint maps by index: MAP-I-vF.
@@ -55,7 +55,8 @@ class SharedChains:
 
     def __init__(self, settings: NftablesSettings) -> None:
         self.s = settings
-        self._has_cluster_cidrs = {
+        # Per family: whether lace.clusterCIDRs has any (the renderer asks too).
+        self.has_cluster_cidrs = {
             f: bool(family_cidrs(settings.cluster_cidrs, f)) for f in FAMILIES
         }
 
@@ -111,7 +112,7 @@ class SharedChains:
                 else f"{np_lookup} @nodeport-cluster-route-{v} goto npc-{v}"
             )
             rules = []
-            if self._has_cluster_cidrs[fam]:
+            if self.has_cluster_cidrs[fam]:
                 rules.append(f"{ip} saddr @cluster-cidrs-{v} {route}")
             rules.append("fib saddr type local jump mark-for-masquerade")
             rules.append(f"fib saddr type local {route}")
