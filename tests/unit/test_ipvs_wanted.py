@@ -76,3 +76,32 @@ def test_a_plan_is_removed_as_it_was_added(twin: ModuleType) -> None:
     wanted.node_addresses = (NODE,)
     assert sorted(wanted.remove(web)) == sorted(added)
     assert wanted.desired() == {}
+
+
+def test_update_holds_exactly_the_plans_it_is_given(twin: ModuleType) -> None:
+    """A full sync updates the last sync's Wanted instead of building one: what it wants is
+    then what a new one built from the same plans wants, and a plan handed out again as the
+    same object is not rendered again (its recorded virtual services stay as they are)."""
+    ports = (ServicePort("http", "TCP", 80, 8080, node_port=30080),)
+    table = twin.ServiceTable("n1")
+    for name, ip in (("a", "10.96.0.1"), ("b", "10.96.0.2"), ("c", "10.96.0.3")):
+        table.upsert_service(svc(name, (ip,), ports, type="NodePort"))
+        table.upsert_slice(eps(ep(ip.replace("10.96", "10.1")), service=name))
+    table.build()
+    table.commit()
+    wanted = Wanted((NODE,), "rr")
+    wanted.update(table.plans())
+    kept = {p.service: p for p in table.plans()}["default/a"]
+    rendered_before = wanted._of_plan[kept.id]
+    table.upsert_slice(eps(ep("10.1.0.9"), service="b"))  # b changes
+    table.delete_service("default/c")  # c goes
+    table.build()
+    table.commit()
+    wanted.update(table.plans())
+    fresh = Wanted((NODE,), "rr")
+    for plan in table.plans():
+        fresh.add(plan)
+    assert wanted.desired() == fresh.desired()
+    assert servers(wanted.target(VirtualServer("TCP", "10.96.0.2", 80))) == {"10.1.0.9"}
+    assert VirtualServer("TCP", "10.96.0.3", 80) not in wanted.desired()
+    assert wanted._of_plan[kept.id] is rendered_before

@@ -214,9 +214,10 @@ class IpvsBackend:
         self._node_addresses = self._local_addresses(every, index)
         held = {address for i, address in every if i == index}
         self._address_refs = refs
-        wanted = Wanted(self._node_addresses, self.settings.scheduler)
-        for plan in plans:
-            wanted.add(plan)
+        wanted, scheduler = self._wanted, self.settings.scheduler
+        if (wanted.node_addresses, wanted.scheduler) != (self._node_addresses, scheduler):
+            wanted = Wanted(self._node_addresses, scheduler)
+        wanted.update(plans)
         desired = wanted.desired()
         now = self._clock()
         count = 0
@@ -332,7 +333,9 @@ class IpvsBackend:
         zeroed: dict[int, tuple[VirtualServer, tuple[str, int]]] = {}
         batch = channel.batch()
         for vs, want in desired.items():
-            self._plan(batch, vs, held.get(vs), want, udp_gone, zeroed)
+            have = held.get(vs)
+            if have != want:  # most of a periodic sync's: as held, nothing to plan
+                self._plan(batch, vs, have, want, udp_gone, zeroed)
         for vs in held:
             if vs in desired or (only is not None and vs not in only):
                 continue

@@ -116,6 +116,7 @@ class Wanted:
         self.scheduler = scheduler
         self._wants: dict[VirtualServer, dict[str, tuple[int, Target]]] = {}
         self._of_plan: dict[str, list[VirtualServer]] = {}
+        self._plans: dict[str, Plan] = {}  # as added, by id
 
     def add(self, plan: Plan) -> list[VirtualServer]:
         """Record a plan's virtual services; returns them."""
@@ -123,10 +124,25 @@ class Wanted:
         for vs, rank, target in rendered:
             self._wants.setdefault(vs, {})[plan.id] = (rank, target)
         self._of_plan[plan.id] = [vs for vs, _, _ in rendered]
+        self._plans[plan.id] = plan
         return self._of_plan[plan.id]
+
+    def update(self, plans: Iterable[Plan]) -> None:
+        """Hold exactly `plans`, rendering only those not already recorded as the very same
+        object: the table hands out an unchanged plan as the same object, so a periodic
+        full sync renders what changed, not 30k plans (at 10k services, rendering all of
+        them was ~2 s of a resync in the test VM)."""
+        current = {plan.id: plan for plan in plans}
+        for pid, old in list(self._plans.items()):
+            if current.get(pid) is not old:
+                self.remove(old)
+        for pid, plan in current.items():
+            if pid not in self._plans:
+                self.add(plan)
 
     def remove(self, plan: Plan) -> list[VirtualServer]:
         """Forget a plan (as it was added); returns the virtual services it wanted."""
+        self._plans.pop(plan.id, None)
         services = self._of_plan.pop(plan.id, [])
         for vs in services:
             wants = self._wants[vs]

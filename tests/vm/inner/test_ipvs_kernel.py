@@ -205,3 +205,33 @@ def test_the_read_back_agrees_with_ipvsadm(ipvs: IPVS) -> None:
         assert (v6.address, v6.port, v6.forward, v6.weight) == ("fd99::2", 8443, "Masq", 3)
     finally:
         sh("ip", "addr", "del", "fd99::1/64", "dev", "lvs-rs0")
+
+
+def test_pipelined_dumps_read_what_one_dump_each_reads(ipvs: IPVS) -> None:
+    """`servers_of` asks for many real-server dumps in one send: it must read what one dump
+    per virtual service reads, in order, also when a virtual service has more real servers
+    than one answer buffer holds (its dump is still going when the next request is read,
+    which the kernel then refuses: asked again) and for a virtual service IPVS lacks."""
+    from lace_proxy.dataplane.ipvs import Target, VirtualServer
+    from lace_proxy.dataplane.ipvs.netlink import IpvsChannel
+
+    services = [VirtualServer("TCP", VIP, 1000 + i) for i in range(48)]
+    many = [(f"10.99.0.{2 + n % 250}", 9000 + n // 250) for n in range(700)]
+    wanted = {
+        vs: many if i % 5 == 0 else [(f"10.99.0.{2 + j}", 80) for j in range(i % 4)]
+        for i, vs in enumerate(services)
+    }
+    with IpvsChannel() as channel:
+        batch = channel.batch()
+        for vs, servers in wanted.items():
+            batch.add_service(vs, Target("rr", 0, frozenset()))
+            for server in servers:
+                batch.add_server(vs, server, 1)
+        assert channel.send(batch) == []
+        asked = [*services, VirtualServer("TCP", VIP, 999)]  # the last: no such service
+        one_each = [channel.servers(vs) for vs in asked]
+        pipelined = channel.servers_of(asked)
+    assert pipelined == one_each
+    for vs, read in zip(services, pipelined, strict=False):
+        assert sorted((a, p) for a, p, *_ in read) == sorted(wanted[vs]), vs
+    assert pipelined[-1] == []
