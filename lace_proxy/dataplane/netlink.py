@@ -149,10 +149,6 @@ class NetlinkSocket(_Closing):
                     out[sequence] = _answer(data[offset + _HEADER.size : offset + length], flags)
                 offset += (length + 3) & ~3
 
-    def receive_room(self) -> int:
-        """The socket's receive buffer in bytes, as the kernel counts it (SO_RCVBUF)."""
-        return int(self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
-
     def send(self, data: bytes | bytearray) -> None:
         """Send one buffer (a request, or a batch of them)."""
         _send_all(self, data)

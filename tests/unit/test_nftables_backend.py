@@ -5,8 +5,12 @@ prove the same on a real kernel, with traffic."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 
+import pytest
+
+from lace_proxy.dataplane.nft import NftError, Transaction
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
 from lace_proxy.dataplane.nftables.kernel import KernelState
 from lace_proxy.model import EndpointSlice, Service
@@ -353,3 +357,41 @@ def test_incremental_syncs_leave_the_table_a_full_sync_makes_from_scratch() -> N
             node.put(service, slice_)
         node.sync()
         assert node.kernel() == fresh_kernel(node)
+
+
+class _CollectorWitness(FakeNft):
+    """Records whether Python's cyclic collector was on at each transaction."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.collecting: list[bool] = []
+
+    def apply(self, tx: Transaction) -> None:
+        self.collecting.append(gc.isenabled())
+        super().apply(tx)
+
+
+def test_a_verified_full_sync_runs_with_the_collector_paused() -> None:
+    """The collector is off while a verified full sync renders, reads back and sends (its
+    passes found nothing to free and cost 0.3-0.4 s of a 30k adoption), on again after it,
+    also after a refused transaction; an incremental change runs with it on."""
+    witness = _CollectorWitness()
+    node = Node(witness)
+    node.put(*web("10.244.1.10", "10.244.2.10"))
+    node.sync(full=True)
+    assert witness.collecting and not any(witness.collecting)
+    assert gc.isenabled()
+    node.put(*web("10.244.1.10"))
+    node.sync()
+    assert witness.collecting[-1]
+    witness.refuse_next()
+    node.put(*web("10.244.1.11"))
+    with pytest.raises(NftError):
+        node.sync(full=True)
+    assert gc.isenabled()
+    gc.disable()  # a caller that paused it itself keeps it paused
+    try:
+        node.sync(full=True)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 from pyroute2 import IPVS, IPRoute
 
-from lace_proxy.dataplane.base import NO_NETWORKS
+from lace_proxy.dataplane.base import NO_NETWORKS, collection_paused
 from lace_proxy.dataplane.conntrack import delete_requests
 from lace_proxy.dataplane.ipvs import kernel
 from lace_proxy.dataplane.ipvs.addresses import AddressChannel, AddressRefusal
@@ -102,7 +102,8 @@ class IpvsBackend:
         """nftables in full, then IPVS and the dummy's addresses by diff against the kernel."""
         plans = list(plans)
         count = self.nft.full_sync(plans, changes, layout)
-        self.last_changes = self._run(self._reconcile, plans)
+        with collection_paused():
+            self.last_changes = self._run(self._reconcile, plans)
         return count + self.last_changes
 
     def apply(self, changes: Changeset, layout: NetworkLayout = NO_NETWORKS) -> int:

@@ -92,8 +92,11 @@ def render(
 
     internal = target(plan.internal_backends, plan.internal_verdict)
     out = [(VirtualServer(plan.protocol, plan.cluster_ip, plan.port), 0, internal)]
+    externals = (*plan.external_ips, *plan.lb_ips)
+    if not externals and not plan.node_port:  # most plans: no external frontend to render
+        return out
     external = target(plan.external_backends, plan.external_verdict)
-    for address in (*plan.external_ips, *plan.lb_ips):
+    for address in externals:
         out.append((VirtualServer(plan.protocol, address, plan.port), 0, external))
     if plan.node_port:
         for address in node_addresses:

@@ -53,13 +53,7 @@ CTRL_ATTR_FAMILY_ID = 1
 CTRL_ATTR_FAMILY_NAME = 2
 NLM_F_REQUEST = 0x1
 RECEIVE = 1 << 16  # a dump's part is at most 32 KiB (the kernel's netlink_dump)
-#: Real-server dumps asked for in one `send` at most (`IpvsChannel.servers_of`).
-PIPELINED = 16
-#: What the first answer buffer of a dump may take of the socket's receive buffer: a 32 KiB
-#: buffer (as `RECEIVE` lets the kernel make) is counted as its allocation, 64 KiB, and
-#: twice that leaves room for the answers of refused requests.
-DUMP_ROOM = 128 * 1024
-_FIRST = struct.Struct("=4xHxxI")  # the first message's type and sequence number
+_SEQUENCE = struct.Struct("=8xI")  # the sequence number of a buffer's first message
 _VERBS = {
     IPVS_CMD_NEW_SERVICE: "add",
     IPVS_CMD_SET_SERVICE: "change",
@@ -98,11 +92,6 @@ class Refusal(NamedTuple):
 
     def __str__(self) -> str:
         return f"IPVS {self.change} refused: {reason(Answer(self.errno, None, self.message))}"
-
-
-def _errno(data: bytes) -> int:
-    """The errno of an NLMSG_ERROR message at the start of `data` (0: acknowledged)."""
-    return -int(struct.unpack_from("=i", data, 16)[0])
 
 
 def _host_port(address: str, port: int) -> str:
@@ -253,57 +242,33 @@ class IpvsChannel(Channel):
     def servers(self, vs: VirtualServer) -> list[tuple[str, int, int, int, int, int]]:
         """A virtual service's real servers (address, port, forwarding method, weight,
         active and inactive connections), from one dump; none if there is no such service."""
-        parser = ServerDump(address_family(vs.address))
-        protocol = PROTOCOLS[vs.protocol]
-        request = servers_request(self.family, self._sequence(), protocol, vs.address, vs.port)
-        self._dump(request, parser)
-        return parser.result()
+        return self.servers_of([vs])[0]
 
     def servers_of(
         self, services: Sequence[VirtualServer]
     ) -> list[list[tuple[str, int, int, int, int, int]]]:
-        """`servers` of each of `services`, in order, with up to `PIPELINED` dumps asked
-        for in one `send`: a dump that fits one answer buffer is over before the kernel
-        reads the next request, so one `send` and its `recv`s read many virtual services
-        instead of one (14.7k dumps, one round trip each, were half of a 10k resync in the
-        test VM). Each of the kernel's answer buffers belongs to one dump, named by its
-        sequence number. A dump still going when the next request is read (a virtual
-        service with more real servers than one buffer holds) makes the kernel refuse that
-        request (EBUSY); it is asked again in the next `send`. As many dumps are asked for at
-        once as their first buffers fit the socket's receive buffer (`DUMP_ROOM` each), so
-        no answer is lost: a dump whose first buffer found no room would stay open, its
-        error answer dropped."""
-        most = max(1, min(PIPELINED, self.sock.receive_room() // DUMP_ROOM))
-        out: list[list[tuple[str, int, int, int, int, int]]] = [[] for _ in services]
-        waiting = list(range(len(services)))[::-1]  # popped from the end: in order
+        """`servers` of each of `services`, in order, one dump at a time: the kernel ends a
+        dump only once its first answer buffer is read (the end comes in a buffer of its own)
+        and refuses another on the socket until then (EBUSY), so asking for many in one
+        `send` made a 10k resync's read-back 4x slower in the test VM. Answers to earlier
+        requests still on the socket are read away once, then skipped by sequence number
+        (reading them away before each dump cost a `recv` per virtual service)."""
         self.sock.replies()
-        while waiting:
-            asked: dict[int, tuple[int, ServerDump]] = {}
-            requests = []
-            while waiting and len(asked) < most:
-                index = waiting.pop()
-                vs = services[index]
-                sequence = self._sequence()
-                protocol = PROTOCOLS[vs.protocol]
-                requests.append(
-                    servers_request(self.family, sequence, protocol, vs.address, vs.port)
-                )
-                asked[sequence] = (index, ServerDump(address_family(vs.address)))
-            self.sock.send(b"".join(requests))
-            while asked:
+        out = []
+        for vs in services:
+            sequence = self._sequence()
+            parser = ServerDump(address_family(vs.address))
+            protocol = PROTOCOLS[vs.protocol]
+            self.sock.send(servers_request(self.family, sequence, protocol, vs.address, vs.port))
+            while True:
                 data = self.sock.receive(RECEIVE)
-                if len(data) < 16:
-                    continue
-                kind, sequence = _FIRST.unpack_from(data)
-                if sequence not in asked:
-                    continue  # an answer to an earlier request, read away
-                index, parser = asked[sequence]
-                if kind == NLMSG_ERROR and _errno(data) == errnos.EBUSY:
-                    del asked[sequence]
-                    waiting.append(index)
-                elif parser.feed(data):
-                    del asked[sequence]
-                    out[index] = parser.result()
+                if (
+                    len(data) >= _SEQUENCE.size
+                    and _SEQUENCE.unpack_from(data)[0] == sequence
+                    and parser.feed(data)
+                ):
+                    break
+            out.append(parser.result())
         return out
 
     def _dump(self, request: bytes, parser: ServiceDump | ServerDump) -> None:

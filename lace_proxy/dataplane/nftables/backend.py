@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 from lace_proxy.dataplane import rescue
-from lace_proxy.dataplane.base import NO_NETWORKS, Changeset, NetworkLayout, Plan
+from lace_proxy.dataplane.base import NO_NETWORKS, Changeset, NetworkLayout, Plan, collection_paused
 from lace_proxy.dataplane.conntrack import (
     Conntrack,
     Filter,
@@ -127,7 +127,8 @@ class NftablesBackend:
                 self._since_verified += 1
                 return count
             log.warning("nftables: table %s is not as programmed; verifying it", self.table)
-        return self._verified_sync(plans, changes, layout)
+        with collection_paused():
+            return self._verified_sync(plans, changes, layout)
 
     def _verified_sync(
         self, plans: list[Plan], changes: Changeset | None, layout: NetworkLayout

@@ -207,11 +207,10 @@ def test_the_read_back_agrees_with_ipvsadm(ipvs: IPVS) -> None:
         sh("ip", "addr", "del", "fd99::1/64", "dev", "lvs-rs0")
 
 
-def test_pipelined_dumps_read_what_one_dump_each_reads(ipvs: IPVS) -> None:
-    """`servers_of` asks for many real-server dumps in one send: it must read what one dump
-    per virtual service reads, in order, also when a virtual service has more real servers
-    than one answer buffer holds (its dump is still going when the next request is read,
-    which the kernel then refuses: asked again) and for a virtual service IPVS lacks."""
+def test_the_real_servers_of_many_virtual_services_read_back(ipvs: IPVS) -> None:
+    """`servers_of` reads each virtual service's real servers with a dump of its own, in
+    order: also one with more real servers than one answer buffer holds (its dump's end
+    comes later), and one IPVS lacks (none)."""
     from lace_proxy.dataplane.ipvs import Target, VirtualServer
     from lace_proxy.dataplane.ipvs.netlink import IpvsChannel
 
@@ -229,9 +228,9 @@ def test_pipelined_dumps_read_what_one_dump_each_reads(ipvs: IPVS) -> None:
                 batch.add_server(vs, server, 1)
         assert channel.send(batch) == []
         asked = [*services, VirtualServer("TCP", VIP, 999)]  # the last: no such service
-        one_each = [channel.servers(vs) for vs in asked]
-        pipelined = channel.servers_of(asked)
-    assert pipelined == one_each
-    for vs, read in zip(services, pipelined, strict=False):
-        assert sorted((a, p) for a, p, *_ in read) == sorted(wanted[vs]), vs
-    assert pipelined[-1] == []
+        read = channel.servers_of(asked)
+    assert len(read) == len(asked)
+    for vs, servers in zip(services, read, strict=False):
+        assert sorted((a, p) for a, p, *_ in servers) == sorted(wanted[vs]), vs
+        assert {(fwd, weight) for _, _, fwd, weight, _, _ in servers} <= {(0, 1)}, vs
+    assert read[-1] == []
