@@ -15,16 +15,21 @@ import ipaddress
 import random
 import struct
 from collections.abc import Callable
+from types import ModuleType
 
 import pytest
 
-from lace_proxy.dataplane.ipvs import kernel
+from lace_proxy.dataplane.ipvs import _pycodec, kernel
 from lace_proxy.dataplane.ipvs.model import Target, VirtualServer
 from lace_proxy.dataplane.ipvs.netlink import Batch, Change, IpvsChannel, Refusal
 from lace_proxy.dataplane.netlink import CHUNK, Answer
 
+from .codeckit import codec_fixtures
+
 FAMILY = 0x1F
 NLMSG = struct.Struct("=IHHII")
+
+compiled, twin = codec_fixtures("lace_proxy.dataplane.ipvs._ccodec", _pycodec)
 
 
 def _port_of_dest(message: bytes) -> int | None:
@@ -181,13 +186,13 @@ def _ipaddress_unicast(address: str) -> bool:
     return not (ip.is_multicast or ip.is_unspecified or (ip.version == 6 and ip.is_link_local))
 
 
-def test_the_unicast_check_says_what_ipaddress_says() -> None:
-    """`kernel.unicast` reads addresses with inet_pton (planning's hot path); its verdict is
-    ipaddress's, on random addresses and on the edges of each refused range."""
-    rng = random.Random(3)
+def _addresses(seed: int) -> list[str]:
+    """Random addresses, and the edges of each range IPVS refuses as real servers."""
+    rng = random.Random(seed)
     edges = ["0.0.0.0", "::", "223.255.255.255", "224.0.0.0", "239.255.255.255", "240.0.0.0"]
     edges += ["fe80::1", "fe80::1%eth0", "febf:ffff::1", "fec0::1", "ff02::1", "::ffff:224.0.0.1"]
-    addresses = (
+    edges += ["0.0.0.1", "::1", "::ffff:0.0.0.0", "fe7f:ffff::1", "fe80::", "ff00::", "feff::1"]
+    return (
         edges
         + [str(ipaddress.IPv4Address(rng.getrandbits(32))) for _ in range(3000)]
         + [
@@ -199,8 +204,26 @@ def test_the_unicast_check_says_what_ipaddress_says() -> None:
             for _ in range(3000)
         ]
     )
+
+
+def test_the_unicast_check_says_what_ipaddress_says() -> None:
+    """`kernel.unicast` reads addresses with inet_pton (planning's hot path); its verdict is
+    ipaddress's, on random addresses and on the edges of each refused range."""
+    addresses = _addresses(3)
     verdicts = [kernel.unicast(a) for a in addresses]
     assert verdicts == [_ipaddress_unicast(a) for a in addresses]
     assert True in verdicts and False in verdicts
     with pytest.raises(ValueError):
         kernel.unicast("10.0.0.256")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_codec_leaves_out_what_kernel_unicast_refuses(twin: ModuleType, seed: int) -> None:
+    """Two copies of one rule: the codec's (`servers` leaves those out) and `kernel.unicast`
+    (kept for its other callers)."""
+    addresses = _addresses(seed)
+    servers = [(address, 80) for address in addresses]
+    requests = twin.Requests(FAMILY, 1)
+    _, left = requests.servers(5, 6, "10.0.0.1", 80, servers, 1)
+    assert left == [(a, 80) for a in addresses if not kernel.unicast(a)]
+    assert left and len(requests) == len(addresses) - len(left)
