@@ -20,6 +20,7 @@ caught alike. The address code in C is shared with the nf_tables codec (ext/neta
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from cpython.unicode cimport PyUnicode_DecodeASCII
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
@@ -55,6 +56,7 @@ from lace_proxy.dataplane.ipvs._pycodec import (
     _check,
     _NLA,
     _packed,
+    _pair,
     _SERVER_COMMANDS,
     _SERVICE_COMMANDS,
 )
@@ -176,6 +178,19 @@ cdef Py_ssize_t _key(
     return at
 
 
+cdef inline bint _unicast(const unsigned char* raw, int family) noexcept nogil:
+    """The pure twin's `_unicast`: whether IPVS takes the address at raw as a real server."""
+    cdef int i
+    if family == C_AF_INET:
+        return not (224 <= raw[0] <= 239 or (raw[0] | raw[1] | raw[2] | raw[3]) == 0)
+    if raw[0] == 0xFF or (raw[0] == 0xFE and (raw[1] & 0xC0) == 0x80):
+        return False
+    for i in range(16):
+        if raw[i]:
+            return True
+    return False
+
+
 cdef inline uint16_t _u16(const unsigned char* p) noexcept nogil:
     cdef uint16_t value
     memcpy(&value, p, 2)
@@ -240,7 +255,7 @@ cdef class Requests:
             self._starts_capacity = capacity
         return self._buf + self._length
 
-    cdef object _close(self, unsigned char* p, Py_ssize_t length, int command):
+    cdef uint64_t _close(self, unsigned char* p, Py_ssize_t length, int command) noexcept:
         """The request at p done (`length` bytes): its headers written, its number given."""
         cdef uint32_t header[4]
         cdef uint64_t sequence = self._next
@@ -302,27 +317,69 @@ cdef class Requests:
         cdef unsigned char key[KEY_MAX]
         cdef unsigned char raw[16]
         cdef int family, server_family
-        cdef Py_ssize_t key_length, at, dest
+        cdef Py_ssize_t key_length
         cdef uint16_t number
         cdef uint32_t weight_value = 0
-        cdef bint full
-        cdef unsigned char* p
         if command not in _SERVER_COMMANDS:
             raise CodecError(f"{command!r} is not a real-server command")
         key_length = _key(key, protocol, address, port, &family)
         server_family = _address(server, raw)
         number = <uint16_t>_number(server_port, 0xFFFF, "port")
-        full = command != IPVS_CMD_DEL_DEST
-        if full:
+        if command != IPVS_CMD_DEL_DEST:
             weight_value = <uint32_t>_number(weight, 0x7FFFFFFF, "weight")
-        p = self._open(24 + key_length + 4 + 20 + 8 + 32 + 8)
+        return self._dest(command, key, key_length, raw, server_family, number, weight_value)
+
+    def servers(self, command, protocol, address, port, servers, weight):
+        """`server` for each (address, port) of `servers`, the same requests numbered in turn,
+        except those IPVS refuses as real servers (not `_unicast`): those are returned, in
+        order, with the first request's sequence number (the next one's, if none is made).
+        The command, key and weight are checked once, before any server; every server's
+        address and port are checked, left out or not; on any error nothing is encoded."""
+        cdef unsigned char key[KEY_MAX]
+        cdef unsigned char raw[16]
+        cdef int family, server_family
+        cdef Py_ssize_t key_length, length = self._length, count = self._count
+        cdef uint64_t first = self._next
+        cdef uint16_t number
+        cdef uint32_t weight_value = 0
+        cdef list left = []
+        if command not in _SERVER_COMMANDS:
+            raise CodecError(f"{command!r} is not a real-server command")
+        key_length = _key(key, protocol, address, port, &family)
+        if command != IPVS_CMD_DEL_DEST:
+            weight_value = <uint32_t>_number(weight, 0x7FFFFFFF, "weight")
+        try:
+            for item in servers:
+                if type(item) is tuple and PyTuple_GET_SIZE(item) == 2:
+                    server = <object>PyTuple_GET_ITEM(item, 0)
+                    server_port = <object>PyTuple_GET_ITEM(item, 1)
+                else:
+                    server, server_port = _pair(item)
+                server_family = _address(server, raw)
+                number = <uint16_t>_number(server_port, 0xFFFF, "port")
+                if _unicast(raw, server_family):
+                    self._dest(command, key, key_length, raw, server_family, number, weight_value)
+                else:
+                    left.append(item)
+        except BaseException:
+            self._length, self._count, self._next = length, count, first
+            raise
+        return first, left
+
+    cdef uint64_t _dest(
+        self, int command, const unsigned char* key, Py_ssize_t key_length,
+        const unsigned char* raw, int server_family, uint16_t number, uint32_t weight_value
+    ) except? 0xFFFFFFFFFFFFFFFF:
+        """A real-server request from its checked parts: its sequence number."""
+        cdef Py_ssize_t at, dest
+        cdef unsigned char* p = self._open(24 + key_length + 4 + 20 + 8 + 32 + 8)
         memcpy(p + 24, key, key_length)
         _put_header(p + 20, 4 + key_length, CMD_SERVICE)
         dest = 24 + key_length
         at = dest + 4
         at += _put_attr(p + at, DEST_ADDR, raw, 4 if server_family == C_AF_INET else 16)
         at += _put_be16(p + at, DEST_PORT, number)
-        if full:
+        if command != IPVS_CMD_DEL_DEST:
             at += _put_u32(p + at, DEST_FWD, 0)
             at += _put_u32(p + at, DEST_WEIGHT, weight_value)
             at += _put_u32(p + at, DEST_UTHRESH, 0)

@@ -15,16 +15,22 @@ import ipaddress
 import random
 import struct
 from collections.abc import Callable
+from types import ModuleType
 
 import pytest
 
-from lace_proxy.dataplane.ipvs import kernel
+from lace_proxy.dataplane.ipvs import _pycodec, kernel
+from lace_proxy.dataplane.ipvs.codec import CodecError
 from lace_proxy.dataplane.ipvs.model import Target, VirtualServer
 from lace_proxy.dataplane.ipvs.netlink import Batch, Change, IpvsChannel, Refusal
 from lace_proxy.dataplane.netlink import CHUNK, Answer
 
+from .codeckit import codec_fixtures
+
 FAMILY = 0x1F
 NLMSG = struct.Struct("=IHHII")
+
+compiled, twin = codec_fixtures("lace_proxy.dataplane.ipvs._ccodec", _pycodec)
 
 
 def _port_of_dest(message: bytes) -> int | None:
@@ -181,13 +187,13 @@ def _ipaddress_unicast(address: str) -> bool:
     return not (ip.is_multicast or ip.is_unspecified or (ip.version == 6 and ip.is_link_local))
 
 
-def test_the_unicast_check_says_what_ipaddress_says() -> None:
-    """`kernel.unicast` reads addresses with inet_pton (planning's hot path); its verdict is
-    ipaddress's, on random addresses and on the edges of each refused range."""
-    rng = random.Random(3)
+def _addresses(seed: int) -> list[str]:
+    """Random addresses, and the edges of each range IPVS refuses as real servers."""
+    rng = random.Random(seed)
     edges = ["0.0.0.0", "::", "223.255.255.255", "224.0.0.0", "239.255.255.255", "240.0.0.0"]
     edges += ["fe80::1", "fe80::1%eth0", "febf:ffff::1", "fec0::1", "ff02::1", "::ffff:224.0.0.1"]
-    addresses = (
+    edges += ["0.0.0.1", "::1", "::ffff:0.0.0.0", "fe7f:ffff::1", "fe80::", "ff00::", "feff::1"]
+    return (
         edges
         + [str(ipaddress.IPv4Address(rng.getrandbits(32))) for _ in range(3000)]
         + [
@@ -199,8 +205,132 @@ def test_the_unicast_check_says_what_ipaddress_says() -> None:
             for _ in range(3000)
         ]
     )
+
+
+def test_the_unicast_check_says_what_ipaddress_says() -> None:
+    """`kernel.unicast` reads addresses with inet_pton (planning's hot path); its verdict is
+    ipaddress's, on random addresses and on the edges of each refused range."""
+    addresses = _addresses(3)
     verdicts = [kernel.unicast(a) for a in addresses]
     assert verdicts == [_ipaddress_unicast(a) for a in addresses]
     assert True in verdicts and False in verdicts
     with pytest.raises(ValueError):
         kernel.unicast("10.0.0.256")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_codec_leaves_out_what_kernel_unicast_refuses(twin: ModuleType, seed: int) -> None:
+    """Two copies of one rule: the codec's (`servers` leaves those out) and `kernel.unicast`
+    (kept for its other callers)."""
+    addresses = _addresses(seed)
+    servers = [(address, 80) for address in addresses]
+    requests = twin.Requests(FAMILY, 1)
+    _, left = requests.servers(5, 6, "10.0.0.1", 80, servers, 1)
+    assert left == [(a, 80) for a in addresses if not kernel.unicast(a)]
+    assert left and len(requests) == len(addresses) - len(left)
+
+
+# --- add_servers: a run of real servers, one record ---------------------------------------------
+
+
+def _mixed_batch(channel: IpvsChannel, seed: int) -> tuple[Batch, list[Change], Batch]:
+    """A batch of services, single real-server requests and runs of them (some left out),
+    what each of its requests asked, and the same requests made one at a time."""
+    rng = random.Random(seed)
+    batch = channel.batch()
+    singles = Batch(FAMILY, batch.first)
+    changes: list[Change] = []
+    target = Target("rr", 0, frozenset())
+    for i in range(300):
+        vs = VirtualServer(rng.choice(["TCP", "UDP", "SCTP"]), f"10.96.{i // 256}.{i % 256}", 80)
+        roll = rng.random()
+        if i % 60 == 30:  # runs that make no request: no record
+            for nothing in ([], [("224.0.0.1", 80), ("ff02::1", 80), ("0.0.0.0", 80)]):
+                assert batch.add_servers(vs, nothing, 1) == nothing
+        elif roll < 0.2:
+            for made in (batch, singles):
+                made.add_service(vs, target)
+            changes.append(Change(1, vs))
+        elif roll < 0.4:
+            server, weight = (f"10.1.0.{rng.randrange(256)}", rng.choice([13, 8080])), 1
+            command = rng.choice([5, 6, 7])
+            for made in (batch, singles):
+                if command == 5:
+                    made.add_server(vs, server, weight)
+                elif command == 6:
+                    made.change_server(vs, server, weight)
+                else:
+                    made.delete_server(vs, server)
+            changes.append(Change(command, vs, server, 0 if command == 7 else weight))
+        else:
+            servers = [
+                (rng.choice(["10.2.0.1", "10.2.0.2", "224.0.0.9", "fe80::1", "fd00::7"]), port)
+                for port in rng.sample([13, 80, 443, 8080, 9090], rng.randrange(6))
+            ]
+            weight = rng.choice([0, 1, 7])
+            kept = [s for s in servers if kernel.unicast(s[0])]
+            assert batch.add_servers(vs, iter(servers), weight) == [
+                s for s in servers if s not in kept
+            ]
+            for server in kept:
+                singles.add_server(vs, server, weight)
+            changes += [Change(5, vs, server, weight) for server in kept]
+    return batch, changes, singles
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_every_request_of_a_mixed_batch_maps_to_what_it_asked(seed: int) -> None:
+    channel = _channel(FakeKernel(lambda m: 0))
+    channel._next = 1 + seed * 1000
+    batch, changes, singles = _mixed_batch(channel, seed)
+    assert len(batch) == len(singles) == len(changes)
+    sequences = range(batch.first, batch.first + len(batch))
+    assert [batch.change(s) for s in sequences] == changes
+    assert [singles.change(s) for s in sequences] == changes
+    assert batch.buffers() == singles.buffers()
+    assert batch.buffers(1 << 62) == singles.buffers(1 << 62)
+    for outside in (batch.first - 1, batch.first + len(batch)):
+        with pytest.raises(IndexError):
+            batch.change(outside)
+
+
+def test_a_mixed_batchs_refusals_name_their_requests() -> None:
+    kernel_ = FakeKernel(lambda m: errno.EEXIST if _port_of_dest(m) == 13 else 0)
+    channel = _channel(kernel_)
+    batch, changes, _ = _mixed_batch(channel, 9)
+    refused = channel.send(batch)
+    expected = [c for c in changes if c.server and c.server[1] == 13]
+    assert len(expected) > 10 and [r.change for r in refused] == expected
+    [(_, sequences)] = batch.buffers(1 << 62)
+    assert [r.sequence for r in refused] == [
+        s for s, c in zip(sequences, changes, strict=True) if c in expected
+    ]
+    replies = {r.sequence: Answer(r.errno) for r in refused}
+    replies.setdefault(sequences[-1], Answer(0))  # the barrier's acknowledgement
+    assert batch.refusals(replies, sequences) == refused
+    lost = batch.refusals({}, sequences)  # no barrier: every request's fate unknown
+    assert [(r.change, r.errno) for r in lost] == [(c, 0) for c in changes]
+
+
+def test_add_servers_refuses_what_add_server_refuses_and_leaves_the_batch_as_it_was() -> None:
+    channel = _channel(FakeKernel(lambda m: 0))
+    batch = channel.batch()
+    batch.add_service(VS[0], Target("rr", 0, frozenset()))
+    batch.add_servers(VS[0], [("10.1.0.1", 80), ("224.0.0.1", 80)], 1)
+
+    def state() -> tuple[int, list[tuple[bytes, range]], list[Change]]:
+        return len(batch), batch.buffers(), [batch.change(batch.first + i) for i in range(2)]
+
+    before = state()
+    assert before[2][1] == Change(5, VS[0], ("10.1.0.1", 80), 1)
+    bad = [("10.1.0.2", 80), ("10.1.0.x", 80)]
+    with pytest.raises(CodecError) as bulk:
+        batch.add_servers(VS[0], bad, 1)
+    with pytest.raises(CodecError) as single:
+        channel.batch().add_server(VS[0], bad[1], 1)
+    assert str(bulk.value) == str(single.value)
+    with pytest.raises(CodecError, match="weight -1 is out of range"):
+        batch.add_servers(VS[0], bad[:1], -1)
+    assert state() == before
+    assert batch.add_server(VS[1], ("10.1.0.3", 80), 1) == batch.first + 2
+    assert batch.change(batch.first + 2) == Change(5, VS[1], ("10.1.0.3", 80), 1)

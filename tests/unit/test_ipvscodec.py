@@ -221,6 +221,160 @@ def test_the_twins_refuse_the_same_input_the_same_way(
     assert message in errors[0]
 
 
+# --- Real servers in bulk (`servers`) ------------------------------------------------------------
+
+#: Addresses IPVS refuses as real servers, and their neighbours it takes.
+REFUSED = ["0.0.0.0", "224.0.0.0", "224.0.0.1", "239.255.255.255", "::", "ff00::", "ff02::1"]
+REFUSED += ["fe80::", "fe80::1", "febf:ffff::1", "fe80::1%eth0"]
+TAKEN = ["0.0.0.1", "223.255.255.255", "240.0.0.0", "255.255.255.255", "::1", "fec0::1"]
+TAKEN += ["fe7f::1", "feff::1", "::ffff:224.0.0.1", "::ffff:0.0.0.0", "fd00::1%eth0"]
+REFUSED_NETWORKS = [
+    ipaddress.ip_network(n)
+    for n in ("224.0.0.0/4", "0.0.0.0/32", "ff00::/8", "::/128", "fe80::/10")
+]
+
+
+def _refused(address: str) -> bool:
+    """IPVS's rule, by network membership (not the codec's byte tests, nor `ipaddress`'s
+    properties, whose verdict on IPv4-mapped addresses differs between Python versions)."""
+    ip = ipaddress.ip_address(address.split("%")[0])
+    return any(ip in network for network in REFUSED_NETWORKS)
+
+
+def _bulk_call(rng: random.Random) -> tuple[str, tuple[Any, ...]]:
+    """A service, a real server, or a run of real servers ("servers": 0 to 20 of them, some
+    IPVS refuses, now and then as lists or from a generator)."""
+    if rng.random() < 0.5:
+        return _call(rng)
+    version = rng.choice([4, 6])
+    key = (rng.choice(PROTOCOLS), random_address(rng, version), _port(rng))
+    servers: list[Any] = []
+    for _ in range(rng.choice([0, 1, 2, 5, 20])):
+        roll = rng.random()
+        if roll < 0.15:
+            address = rng.choice(REFUSED)
+        elif roll < 0.25:
+            address = rng.choice(TAKEN)
+        else:
+            address = random_address(rng, version if rng.random() < 0.9 else 10 - version)
+        server = (address, _port(rng))
+        servers.append(list(server) if rng.random() < 0.1 else server)
+    weight = rng.choice([0, 1, 2, 100, 0x7FFFFFFF])
+    return "servers", (rng.choice(SERVER_COMMANDS), *key, servers, weight)
+
+
+def _bulk(requests: Any, kind: str, args: tuple[Any, ...], generator: bool) -> Any:
+    if kind != "servers":
+        return getattr(requests, kind)(*args)
+    *head, servers, weight = args
+    return requests.servers(*head, (s for s in servers) if generator else servers, weight)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_servers_encodes_what_successive_server_calls_encode_leaving_out_what_ipvs_refuses(
+    twin: ModuleType, seed: int
+) -> None:
+    rng = random.Random(seed)
+    calls = [_bulk_call(rng) for _ in range(rng.choice([1, 10, 300]))]
+    first = rng.choice([1, rng.randrange(1 << 30)])
+    bulk, single = twin.Requests(FAMILY, first), twin.Requests(FAMILY, first)
+    left_out = 0
+    for kind, args in calls:
+        made = _bulk(bulk, kind, args, rng.random() < 0.2)
+        if kind != "servers":
+            assert made == getattr(single, kind)(*args)
+            continue
+        *head, servers, weight = args
+        expected_first = len(single) + first
+        numbers = [
+            single.server(*head, *server, weight) for server in servers if not _refused(server[0])
+        ]
+        left = [server for server in servers if _refused(server[0])]
+        assert made == (expected_first, left)
+        assert all(a is b for a, b in zip(made[1], left, strict=True))  # the very items
+        assert numbers == list(range(expected_first, expected_first + len(numbers)))
+        left_out += len(left)
+    assert len(bulk) == len(single)
+    for limit in (1, 200, 4096, 1 << 40):
+        assert bulk.chunks(limit) == single.chunks(limit), limit
+    if len(calls) > 100:
+        assert left_out and len(bulk) > len(calls)  # the seeds make bulk calls and leave out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_twins_encode_the_same_bulk_requests(compiled: ModuleType, seed: int) -> None:
+    rng = random.Random(50 + seed)
+    calls = [_bulk_call(rng) for _ in range(rng.choice([5, 500, 2000]))]
+    first = rng.choice([1, 0xFFFFFFFF - 30 * len(calls), rng.randrange(1 << 30)])
+    made = []
+    for module in (_pycodec, compiled):
+        requests = module.Requests(FAMILY, first)
+        numbers = [_bulk(requests, kind, args, False) for kind, args in calls]
+        made.append((numbers, len(requests), [requests.chunks(n) for n in (1, 300, 1 << 40)]))
+    assert made[0] == made[1]
+
+
+#: A run of real servers that `servers` refuses, and the message; the same as `server`'s for
+#: the first bad server among them, and nothing encoded, not even the good ones before it.
+BAD_SERVERS = [
+    ((1, 6, "10.0.0.1", 80), [("10.1.0.1", 80)], 1, "1 is not a real-server command"),
+    ((5, 6, "10.0.0.x", 80), [("10.1.0.1", 80)], 1, "does not appear to be an IPv4 or IPv6"),
+    ((5, 1 << 16, "10.0.0.1", 80), [("10.1.0.1", 80)], 1, "protocol 65536 is out of range"),
+    ((6, 6, "fd00::1", -1), [("fd00::2", 80)], 1, "port -1 is out of range"),
+    ((5, 6, "10.0.0.1", 80), [("10.1.0.1", 80)], -1, "weight -1 is out of range"),
+    ((6, 6, "10.0.0.1", 80), [("10.1.0.1", 80)], 1 << 31, "weight 2147483648 is out of range"),
+    ((5, 6, "10.0.0.1", 80), [("10.1.0.1", 80), ("10.1.0.x", 80)], 1, "does not appear to be"),
+    ((5, 6, "10.0.0.1", 80), [("10.1.0.1", 80), ("", 80)], 1, "does not appear to be"),
+    ((5, 6, "10.0.0.1", 80), [("10.1.0.1", 80), ("10.1.0.2", 70000)], 1, "port 70000 is out"),
+    ((5, 6, "10.0.0.1", 80), [("10.1.0.1", 80), ("10.1.0.2", 1.0)], 1, "port 1.0 is out"),
+    ((7, 6, "10.0.0.1", 80), [("10.1.0.1", 80), ("224.0.0.1", -1)], 0, "port -1 is out of range"),
+    ((5, 6, "10.0.0.1", 80), [("fe80::1", 80), ("10.1.0.1", True)], 1, "port True is out"),
+]
+
+
+@pytest.mark.parametrize(("key", "servers", "weight", "message"), BAD_SERVERS)
+def test_servers_refuses_what_server_refuses_and_encodes_nothing(
+    twin: ModuleType, key: tuple[Any, ...], servers: list[Any], weight: int, message: str
+) -> None:
+    requests = twin.Requests(FAMILY, 1)
+    requests.service(1, 6, "10.0.0.1", 80, "rr", 0)
+    before = requests.chunks(1 << 20)
+    with pytest.raises(twin.CodecError) as raised:
+        requests.servers(*key, servers, weight)
+    assert message in str(raised.value)
+    assert len(requests) == 1 and requests.chunks(1 << 20) == before
+    assert requests.server(5, 6, "10.0.0.1", 80, "10.1.0.1", 80, 1) == 2  # numbering goes on
+    with pytest.raises(twin.CodecError) as single:
+        for server in servers:
+            twin.Requests(FAMILY, 1).server(*key, *server, weight)
+    assert str(single.value) == str(raised.value)
+
+
+@pytest.mark.parametrize("item", [("10.1.0.1",), ("10.1.0.1", 80, 1), 5, "ab", None])
+def test_the_twins_unpack_a_run_of_servers_alike(compiled: ModuleType, item: Any) -> None:
+    """A real server that is not an (address, port) pair raises CPython's unpacking error
+    in either twin; nothing is encoded."""
+    errors = []
+    for module in (_pycodec, compiled):
+        requests = module.Requests(FAMILY, 1)
+        with pytest.raises((TypeError, ValueError, module.CodecError)) as raised:
+            requests.servers(5, 6, "10.0.0.1", 80, [("10.1.0.1", 80), item], 1)
+        errors.append((type(raised.value), str(raised.value)))
+        assert len(requests) == 0
+    assert errors[0] == errors[1]
+
+
+def test_servers_stops_where_sequence_numbers_run_out(twin: ModuleType) -> None:
+    requests = twin.Requests(FAMILY, 0xFFFFFFFE)
+    servers = [("10.1.0.1", 80), ("224.0.0.1", 80), ("10.1.0.2", 80), ("10.1.0.3", 80)]
+    with pytest.raises(twin.CodecError, match="sequence numbers exhausted"):
+        requests.servers(5, 6, "10.0.0.1", 80, servers, 1)
+    assert len(requests) == 0
+    assert requests.servers(5, 6, "10.0.0.1", 80, servers[:3], 1) == (0xFFFFFFFE, [servers[1]])
+    assert requests.servers(5, 6, "10.0.0.1", 80, [], 1) == (1 << 32, [])
+    assert len(requests) == 2
+
+
 def test_what_the_kernel_ignores_is_not_checked_and_a_scope_is_dropped(twin: ModuleType) -> None:
     requests = twin.Requests(FAMILY, 1)
     requests.service(3, 6, "10.0.0.1", 80, None, -5)  # a deletion names the service alone

@@ -4,6 +4,7 @@ Kept to the compiled module by tests/unit/test_table_stub.py (stubtest), and to 
 twin (`_pycodec.py`) by the names and parameter names there.
 """
 
+from collections.abc import Iterable
 from typing import Final
 
 IMPLEMENTATION: Final[str]
@@ -45,6 +46,15 @@ class Requests:
         server_port: int,
         weight: int,
     ) -> int: ...
+    def servers(
+        self,
+        command: int,
+        protocol: int,
+        address: str,
+        port: int,
+        servers: Iterable[tuple[str, int]],
+        weight: int,
+    ) -> tuple[int, list[tuple[str, int]]]: ...
     def __len__(self) -> int: ...
     def chunks(self, limit: int) -> list[tuple[bytes, int]]: ...
 

@@ -2,7 +2,8 @@
 read back with dumps, through the codec (compiled, or its pure twin).
 
 A `Batch` is encoded whole, then sent as few `send`s as the socket's send buffer allows
-(`CHUNK` bytes each). The kernel carries out every request of a `send` inside that call and
+(`CHUNK` bytes each); a virtual service's new real servers go in one codec call
+(`add_servers`). The kernel carries out every request of a `send` inside that call and
 answers only the last one, which asks for an acknowledgement, and any it refused: once the
 barrier's answer is read, so is every refusal. Each refusal is mapped back, by its sequence
 number, to what the request did (`Change`), so that the log names the virtual or real server
@@ -14,7 +15,8 @@ from __future__ import annotations
 import errno as errnos
 import os
 import struct
-from collections.abc import Sequence
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from lace_proxy.dataplane.ipvs.codec import (
@@ -98,13 +100,29 @@ def _host_port(address: str, port: int) -> str:
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
+class _Servers(NamedTuple):
+    """What the requests of one `add_servers` asked for: a request per server, in order."""
+
+    command: int
+    vs: VirtualServer
+    servers: tuple[tuple[str, int], ...]
+    weight: int
+
+
+#: What one request asked for (command, vs, server, weight), or a run of them (`_Servers`).
+_Record = tuple[int, VirtualServer, tuple[str, int] | None, int] | _Servers
+
+
 class Batch:
-    """IPVS requests to send together, each remembered (cheaply) for what it asked."""
+    """IPVS requests to send together, remembered (cheaply) for what they asked: a record
+    per call, found by its first sequence number (a bulk call's one record stands for all
+    its requests: no Python object per real server)."""
 
     def __init__(self, family: int, first: int) -> None:
         self.first = first
         self._requests = Requests(family, first)
-        self._changes: list[tuple[int, VirtualServer, tuple[str, int] | None, int]] = []
+        self._firsts: list[int] = []  # each record's first sequence number, ascending
+        self._records: list[_Record] = []
 
     def add_service(self, vs: VirtualServer, target: Target) -> int:
         return self._service(IPVS_CMD_NEW_SERVICE, vs, target)
@@ -121,11 +139,30 @@ class Batch:
         sequence = self._requests.service(
             command, protocol, vs.address, vs.port, scheduler, timeout
         )
-        self._changes.append((command, vs, None, 0))
+        self._firsts.append(sequence)
+        self._records.append((command, vs, None, 0))
         return sequence
 
     def add_server(self, vs: VirtualServer, server: tuple[str, int], weight: int) -> int:
         return self._server(IPVS_CMD_NEW_DEST, vs, server, weight)
+
+    def add_servers(
+        self, vs: VirtualServer, servers: Iterable[tuple[str, int]], weight: int
+    ) -> list[tuple[str, int]]:
+        """`add_server` for each of `servers`, in one codec call (a cold sync adds 127k at
+        10k services); those IPVS refuses as real servers (multicast, unspecified, IPv6
+        link-local: `kernel.unicast`) are left out and returned, in order."""
+        encoded = tuple(servers)
+        first, left = self._requests.servers(
+            IPVS_CMD_NEW_DEST, PROTOCOLS[vs.protocol], vs.address, vs.port, encoded, weight
+        )
+        if left:
+            refused = set(left)  # a server's verdict is its address's: equal ones share it
+            encoded = tuple(server for server in encoded if server not in refused)
+        if encoded:
+            self._firsts.append(first)
+            self._records.append(_Servers(IPVS_CMD_NEW_DEST, vs, encoded, weight))
+        return left
 
     def change_server(self, vs: VirtualServer, server: tuple[str, int], weight: int) -> int:
         return self._server(IPVS_CMD_SET_DEST, vs, server, weight)
@@ -138,11 +175,12 @@ class Batch:
         sequence = self._requests.server(
             command, protocol, vs.address, vs.port, server[0], server[1], weight
         )
-        self._changes.append((command, vs, server, weight))
+        self._firsts.append(sequence)
+        self._records.append((command, vs, server, weight))
         return sequence
 
     def __len__(self) -> int:
-        return len(self._changes)
+        return len(self._requests)
 
     def buffers(self, limit: int = CHUNK) -> list[tuple[bytes, range]]:
         """The requests in buffers of at most `limit` bytes, each with its sequence numbers
@@ -155,7 +193,15 @@ class Batch:
         return out
 
     def change(self, sequence: int) -> Change:
-        return Change(*self._changes[sequence - self.first])
+        """What the request numbered `sequence` asked for (IndexError: none of this batch)."""
+        if not self.first <= sequence < self.first + len(self):
+            raise IndexError(f"request {sequence} is not in this batch")
+        index = bisect_right(self._firsts, sequence) - 1
+        record = self._records[index]
+        if isinstance(record, _Servers):
+            server = record.servers[sequence - self._firsts[index]]
+            return Change(record.command, record.vs, server, record.weight)
+        return Change(*record)
 
     def refusals(self, replies: dict[int, Answer], sequences: range) -> list[Refusal]:
         """The requests of one buffer the kernel refused, read from its answers; if the
