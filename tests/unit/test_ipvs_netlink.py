@@ -1,5 +1,5 @@
 """IPVS batches to the kernel and the kernel's refusals back to what each request asked, and
-the planning's unicast check.
+the real servers the codec leaves out.
 
 The kernel here is a stand-in with the behaviour tests/netns can only show in the VM
 (/work/shared/notes/netlink.md): generic netlink handles every request of a `send`,
@@ -19,7 +19,7 @@ from types import ModuleType
 
 import pytest
 
-from lace_proxy.dataplane.ipvs import _pycodec, kernel
+from lace_proxy.dataplane.ipvs import _pycodec
 from lace_proxy.dataplane.ipvs.codec import CodecError
 from lace_proxy.dataplane.ipvs.model import Target, VirtualServer
 from lace_proxy.dataplane.ipvs.netlink import Batch, Change, IpvsChannel, Refusal
@@ -207,26 +207,16 @@ def _addresses(seed: int) -> list[str]:
     )
 
 
-def test_the_unicast_check_says_what_ipaddress_says() -> None:
-    """`kernel.unicast` reads addresses with inet_pton (planning's hot path); its verdict is
-    ipaddress's, on random addresses and on the edges of each refused range."""
-    addresses = _addresses(3)
-    verdicts = [kernel.unicast(a) for a in addresses]
-    assert verdicts == [_ipaddress_unicast(a) for a in addresses]
-    assert True in verdicts and False in verdicts
-    with pytest.raises(ValueError):
-        kernel.unicast("10.0.0.256")
-
-
 @pytest.mark.parametrize("seed", range(3))
-def test_the_codec_leaves_out_what_kernel_unicast_refuses(twin: ModuleType, seed: int) -> None:
-    """Two copies of one rule: the codec's (`servers` leaves those out) and `kernel.unicast`
-    (kept for its other callers)."""
+def test_the_codec_leaves_out_what_ipvs_refuses(twin: ModuleType, seed: int) -> None:
+    """`servers` reads addresses as the codec does (inet_pton, the planning's hot path) and
+    leaves out what IPVS refuses as a real server: ipaddress's verdict, on random addresses
+    and on the edges of each refused range."""
     addresses = _addresses(seed)
     servers = [(address, 80) for address in addresses]
     requests = twin.Requests(FAMILY, 1)
     _, left = requests.servers(5, 6, "10.0.0.1", 80, servers, 1)
-    assert left == [(a, 80) for a in addresses if not kernel.unicast(a)]
+    assert left == [(a, 80) for a in addresses if not _ipaddress_unicast(a)]
     assert left and len(requests) == len(addresses) - len(left)
 
 
@@ -268,7 +258,7 @@ def _mixed_batch(channel: IpvsChannel, seed: int) -> tuple[Batch, list[Change], 
                 for port in rng.sample([13, 80, 443, 8080, 9090], rng.randrange(6))
             ]
             weight = rng.choice([0, 1, 7])
-            kept = [s for s in servers if kernel.unicast(s[0])]
+            kept = [s for s in servers if _ipaddress_unicast(s[0])]
             assert batch.add_servers(vs, iter(servers), weight) == [
                 s for s in servers if s not in kept
             ]

@@ -95,8 +95,8 @@ def _packed(address: str) -> tuple[int, bytes]:
 
 def _unicast(raw: bytes) -> bool:
     """Whether IPVS takes an address (its bytes) as a real server: not IPv4 multicast
-    (224-239.x) or 0.0.0.0, not IPv6 multicast (ff00::/8), :: or link-local (fe80::/10). The
-    rule of `kernel.unicast` (tests/unit/test_ipvs_netlink.py holds them equal)."""
+    (224-239.x) or 0.0.0.0, not IPv6 multicast (ff00::/8), :: or link-local (fe80::/10)
+    (tests/unit/test_ipvs_netlink.py holds it to ipaddress's verdict)."""
     if len(raw) == 4:
         return not (224 <= raw[0] <= 239 or raw == bytes(4))
     return not (raw[0] == 0xFF or raw == bytes(16) or (raw[0] == 0xFE and raw[1] & 0xC0 == 0x80))

@@ -457,14 +457,14 @@ class IpvsBackend:
         elif (have.scheduler, have.persistence) != (want.scheduler, want.persistence):
             batch.change_service(vs, want)
         draining = self._terminating.get(vs, {})
-        for server in sorted(want.servers - have.servers):
-            if not kernel.unicast(server[0]):
-                log.warning("IPVS %s: real server %s is not a unicast address; skipped", vs, server)
-                continue
-            if draining.pop(server, None) is not None:  # back before it was deleted
+        new = sorted(want.servers - have.servers)
+        if draining:
+            for server in [server for server in new if server in draining]:
+                del draining[server]  # back before it was deleted
                 batch.change_server(vs, server, 1)
-            else:
-                batch.add_server(vs, server, 1)
+            new = [server for server in new if server not in draining]
+        for server in batch.add_servers(vs, new, 1):  # in one codec call
+            log.warning("IPVS %s: real server %s is not a unicast address; skipped", vs, server)
         for server in sorted(have.servers - want.servers):
             if vs.protocol == "UDP":
                 udp_gone.append((vs, server))  # deleted at once: _remove_udp

@@ -5,10 +5,8 @@ mode needs."""
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
-import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -92,19 +90,6 @@ def set_timeouts(ipvs: Any, wanted: tuple[int, int, int]) -> None:
     flags = NLM_F_REQUEST | NLM_F_ACK
     tuple(ipvs.nlm_request(request, msg_type=ipvs.prid, msg_flags=flags))
     log.info("IPVS timeouts (tcp, tcpfin, udp) set to %s (were %s)", wanted, current)
-
-
-def unicast(address: str) -> bool:
-    """IPVS refuses multicast, unspecified and IPv6 link-local real servers. Read with
-    inet_pton: ipaddress's parse was three quarters of a cold sync's planning."""
-    try:
-        raw = socket.inet_pton(socket.AF_INET6 if ":" in address else socket.AF_INET, address)
-    except OSError:  # not in the plain form (an IPv6 scope): ipaddress reads it, or raises
-        ip = ipaddress.ip_address(address)
-        return not (ip.is_multicast or ip.is_unspecified or (ip.version == 6 and ip.is_link_local))
-    if len(raw) == 4:
-        return not (224 <= raw[0] <= 239 or raw == bytes(4))
-    return not (raw[0] == 0xFF or raw == bytes(16) or (raw[0] == 0xFE and raw[1] & 0xC0 == 0x80))
 
 
 def flows_to(vs: VirtualServer | None, server: tuple[str, int]) -> Filter:

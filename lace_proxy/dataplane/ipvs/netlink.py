@@ -151,7 +151,7 @@ class Batch:
     ) -> list[tuple[str, int]]:
         """`add_server` for each of `servers`, in one codec call (a cold sync adds 127k at
         10k services); those IPVS refuses as real servers (multicast, unspecified, IPv6
-        link-local: `kernel.unicast`) are left out and returned, in order."""
+        link-local) are left out and returned, in order."""
         encoded = tuple(servers)
         first, left = self._requests.servers(
             IPVS_CMD_NEW_DEST, PROTOCOLS[vs.protocol], vs.address, vs.port, encoded, weight
