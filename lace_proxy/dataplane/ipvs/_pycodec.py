@@ -109,6 +109,25 @@ def _pair(item: tuple[str, int]) -> tuple[str, int]:
     return server, port
 
 
+def _settings(command: int, weight: int) -> bytes:
+    """A real server's attributes after its address and port: NAT forwarding and `weight`
+    (none for a deletion)."""
+    if command == IPVS_CMD_DEL_DEST:
+        return b""
+    return (
+        _attr(_DEST_FWD, _U32.pack(IP_VS_CONN_F_MASQ))
+        + _attr(_DEST_WEIGHT, _U32.pack(_check("weight", weight, 0x7FFFFFFF)))
+        + _attr(_DEST_UTHRESH, _U32.pack(0))
+        + _attr(_DEST_LTHRESH, _U32.pack(0))
+    )
+
+
+def _dest(raw: bytes, family: int, port: int, settings: bytes) -> bytes:
+    """A real server's nested attribute: its address (packed), port and `_settings`."""
+    body = _attr(_DEST_ADDR, raw) + _attr(_DEST_PORT, _BE16.pack(port)) + settings
+    return _attr(_CMD_DEST, body + _attr(_DEST_FAMILY, _U16.pack(family)))
+
+
 def _key(protocol: int, address: str, port: int) -> tuple[int, bytes]:
     """A virtual service's family and identifying attributes."""
     family, raw = _packed(address)
@@ -164,18 +183,9 @@ class Requests:
             raise CodecError(f"{command!r} is not a real-server command")
         _, key = _key(protocol, address, port)
         family, raw = _packed(server)
-        dest = _attr(_DEST_ADDR, raw) + _attr(
-            _DEST_PORT, _BE16.pack(_check("port", server_port, 0xFFFF))
-        )
-        if command != IPVS_CMD_DEL_DEST:
-            dest += (
-                _attr(_DEST_FWD, _U32.pack(IP_VS_CONN_F_MASQ))
-                + _attr(_DEST_WEIGHT, _U32.pack(_check("weight", weight, 0x7FFFFFFF)))
-                + _attr(_DEST_UTHRESH, _U32.pack(0))
-                + _attr(_DEST_LTHRESH, _U32.pack(0))
-            )
-        dest += _attr(_DEST_FAMILY, _U16.pack(family))
-        return self._add(command, _attr(_CMD_SERVICE, key) + _attr(_CMD_DEST, dest))
+        number = _check("port", server_port, 0xFFFF)
+        dest = _dest(raw, family, number, _settings(command, weight))
+        return self._add(command, _attr(_CMD_SERVICE, key) + dest)
 
     def servers(
         self,
@@ -195,14 +205,7 @@ class Requests:
             raise CodecError(f"{command!r} is not a real-server command")
         _, key = _key(protocol, address, port)
         head = _attr(_CMD_SERVICE, key)
-        full = b""
-        if command != IPVS_CMD_DEL_DEST:
-            full = (
-                _attr(_DEST_FWD, _U32.pack(IP_VS_CONN_F_MASQ))
-                + _attr(_DEST_WEIGHT, _U32.pack(_check("weight", weight, 0x7FFFFFFF)))
-                + _attr(_DEST_UTHRESH, _U32.pack(0))
-                + _attr(_DEST_LTHRESH, _U32.pack(0))
-            )
+        settings = _settings(command, weight)
         first, count = self._next, len(self._messages)
         left: list[tuple[str, int]] = []
         try:
@@ -213,13 +216,7 @@ class Requests:
                 if not _unicast(raw):
                     left.append(item)
                     continue
-                dest = (
-                    _attr(_DEST_ADDR, raw)
-                    + _attr(_DEST_PORT, _BE16.pack(server_port))
-                    + full
-                    + _attr(_DEST_FAMILY, _U16.pack(family))
-                )
-                self._add(command, head + _attr(_CMD_DEST, dest))
+                self._add(command, head + _dest(raw, family, server_port, settings))
         except BaseException:
             del self._messages[count:]
             self._next = first

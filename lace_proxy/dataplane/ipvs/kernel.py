@@ -134,17 +134,24 @@ def virtual_services() -> list[VirtualServer]:
 Held = tuple[str, int, tuple[RealServer, ...]]  # scheduler, persistence, real servers
 
 
-def read(channel: IpvsChannel) -> dict[VirtualServer, Held]:
-    """Every address virtual service IPVS holds, with its real servers: a dump of the
-    services, then one of each's real servers (many asked for in one send:
-    `IpvsChannel.servers_of`), parsed by the codec. That reads back faster
-    than one read of /proc/net/ip_vs, whose text Python has to parse (4.6 s against 13.5 s
-    for 100k real servers in the test VM)."""
+def _with_servers(
+    channel: IpvsChannel,
+) -> Iterator[tuple[VirtualServer, str, int, list[tuple[str, int, int, int, int, int]]]]:
+    """Every address virtual service (`services`) with its real servers as the codec's dump
+    reads them: a dump of the services, then one of each's real servers."""
     held = list(services(channel))
-    servers = channel.servers_of([vs for vs, _, _ in held])
+    dumped = channel.servers_of([vs for vs, _, _ in held])
+    for (vs, scheduler, persistence), servers in zip(held, dumped, strict=True):
+        yield vs, scheduler, persistence, servers
+
+
+def read(channel: IpvsChannel) -> dict[VirtualServer, Held]:
+    """Every address virtual service IPVS holds, with its real servers (`_with_servers`).
+    That reads back faster than one read of /proc/net/ip_vs, whose text Python has to parse
+    (4.6 s against 13.5 s for 100k real servers in the test VM)."""
     return {
-        vs: (sched, persist, tuple(map(real_server, dumped)))
-        for (vs, sched, persist), dumped in zip(held, servers, strict=True)
+        vs: (scheduler, persistence, tuple(map(real_server, servers)))
+        for vs, scheduler, persistence, servers in _with_servers(channel)
     }
 
 
@@ -161,13 +168,10 @@ def dump(channel: IpvsChannel) -> dict[VirtualServer, tuple[Target, frozenset[tu
     weight 0 (draining) apart; read as `read` reads, without a RealServer for each (a sync
     needs none: 127k of them were 2 s of a 10k resync in the test VM)."""
     out = {}
-    held = list(services(channel))
-    for (vs, scheduler, persistence), dumped in zip(
-        held, channel.servers_of([vs for vs, _, _ in held]), strict=True
-    ):
+    for vs, scheduler, persistence, servers in _with_servers(channel):
         serving: list[tuple[str, int]] = []
         draining: list[tuple[str, int]] = []
-        for address, port, _, weight, _, _ in dumped:
+        for address, port, _, weight, _, _ in servers:
             (serving if weight > 0 else draining).append((address, port))
         out[vs] = (Target(scheduler, persistence, frozenset(serving)), frozenset(draining))
     return out

@@ -118,17 +118,17 @@ class Wanted:
         self.node_addresses = tuple(node_addresses)
         self.scheduler = scheduler
         self._wants: dict[VirtualServer, dict[str, tuple[int, Target]]] = {}
-        self._of_plan: dict[str, list[VirtualServer]] = {}
-        self._plans: dict[str, Plan] = {}  # as added, by id
+        # By plan id: the plan as added, and the virtual services it rendered.
+        self._of_plan: dict[str, tuple[Plan, list[VirtualServer]]] = {}
 
     def add(self, plan: Plan) -> list[VirtualServer]:
         """Record a plan's virtual services; returns them."""
         rendered = render(plan, self.node_addresses, self.scheduler)
         for vs, rank, target in rendered:
             self._wants.setdefault(vs, {})[plan.id] = (rank, target)
-        self._of_plan[plan.id] = [vs for vs, _, _ in rendered]
-        self._plans[plan.id] = plan
-        return self._of_plan[plan.id]
+        services = [vs for vs, _, _ in rendered]
+        self._of_plan[plan.id] = (plan, services)
+        return services
 
     def update(self, plans: Iterable[Plan]) -> None:
         """Hold exactly `plans`, rendering only those not already recorded as the very same
@@ -136,17 +136,16 @@ class Wanted:
         full sync renders what changed, not 30k plans (at 10k services, rendering all of
         them was ~2 s of a resync in the test VM)."""
         current = {plan.id: plan for plan in plans}
-        for pid, old in list(self._plans.items()):
+        for pid, (old, _) in list(self._of_plan.items()):
             if current.get(pid) is not old:
                 self.remove(old)
         for pid, plan in current.items():
-            if pid not in self._plans:
+            if pid not in self._of_plan:
                 self.add(plan)
 
     def remove(self, plan: Plan) -> list[VirtualServer]:
         """Forget a plan (as it was added); returns the virtual services it wanted."""
-        self._plans.pop(plan.id, None)
-        services = self._of_plan.pop(plan.id, [])
+        _, services = self._of_plan.pop(plan.id, (plan, []))
         for vs in services:
             wants = self._wants[vs]
             wants.pop(plan.id, None)

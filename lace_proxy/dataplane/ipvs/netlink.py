@@ -282,7 +282,9 @@ class IpvsChannel(Channel):
         """Every virtual service (protocol, address, port, fwmark, scheduler, flags,
         persistence timeout), from one dump."""
         parser = ServiceDump()
-        self._dump(services_request(self.family, self._sequence()), parser)
+        sequence = self._sequence()
+        self.sock.replies()
+        self._dump(sequence, services_request(self.family, sequence), parser)
         return parser.result()
 
     def servers(self, vs: VirtualServer) -> list[tuple[str, int, int, int, int, int]]:
@@ -296,29 +298,29 @@ class IpvsChannel(Channel):
         """`servers` of each of `services`, in order, one dump at a time: the kernel ends a
         dump only once its first answer buffer is read (the end comes in a buffer of its own)
         and refuses another on the socket until then (EBUSY), so asking for many in one
-        `send` made a 10k resync's read-back 4x slower in the test VM. Answers to earlier
-        requests still on the socket are read away once, then skipped by sequence number
-        (reading them away before each dump cost a `recv` per virtual service)."""
-        self.sock.replies()
+        `send` made a 10k resync's read-back 4x slower in the test VM."""
+        self.sock.replies()  # answers left from before, read away once (and lost ones noted)
         out = []
         for vs in services:
             sequence = self._sequence()
             parser = ServerDump(address_family(vs.address))
             protocol = PROTOCOLS[vs.protocol]
-            self.sock.send(servers_request(self.family, sequence, protocol, vs.address, vs.port))
-            while True:
-                data = self.sock.receive(RECEIVE)
-                if (
-                    len(data) >= _SEQUENCE.size
-                    and _SEQUENCE.unpack_from(data)[0] == sequence
-                    and parser.feed(data)
-                ):
-                    break
+            request = servers_request(self.family, sequence, protocol, vs.address, vs.port)
+            self._dump(sequence, request, parser)
             out.append(parser.result())
         return out
 
-    def _dump(self, request: bytes, parser: ServiceDump | ServerDump) -> None:
-        self.sock.replies()
+    def _dump(self, sequence: int, request: bytes, parser: ServiceDump | ServerDump) -> None:
+        """Send a dump request and feed its answers to `parser` until the dump ends. Answers
+        to other requests are skipped by sequence number (each of the kernel's answer buffers
+        holds one request's answers): reading them away before each of a read-back's dumps
+        cost a `recv` per virtual service."""
         self.sock.send(request)
-        while not parser.feed(self.sock.receive(RECEIVE)):
-            pass
+        while True:
+            data = self.sock.receive(RECEIVE)
+            if (
+                len(data) >= _SEQUENCE.size
+                and _SEQUENCE.unpack_from(data)[0] == sequence
+                and parser.feed(data)
+            ):
+                return
