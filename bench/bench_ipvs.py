@@ -22,11 +22,14 @@ The service table comes from bench_scale.make_cluster (same generator, same seed
   IPVS part into the dummy interface's addresses and the virtual services with their real
   servers (functions and methods of lace_proxy.dataplane.ipvs are wrapped with timers in the
   measuring process only), and into Python (user) and kernel (sys) CPU;
-- then a resync (a second full_sync with nothing changed), as the periodic reconcile.
+- then two full syncs with nothing changed: the periodic one (the changeset applied after
+  a check of what a few requests show, as the proxy's reconcile runs between verified ones)
+  and a verified one (everything read back, as every `verify_every`-th, the one after a
+  failure and a restart's adoption).
 
 A discarded warm-up (50 services, both modes) first makes the kernel load its nf_tables
 modules. `ipvsadm -Ln` and the dummy's addresses are counted after the cold sync and compared
-with what IPVS mode's `Wanted` says. A cold sync or resync still running after `--timeout` s is
+with what IPVS mode's `Wanted` says. A cold or full sync still running after `--timeout` s is
 interrupted; the report gives what was programmed by then and the rate-based prediction (at
 10k services the IPVS cold sync took ~14 min in the VM before the IPVS codec, ~2.5 min since,
 most of it the dummy interface's addresses, ~30 s since those go in batches too).
@@ -68,9 +71,9 @@ from bench_scale import (
     make_cluster,
 )
 
-import lace_proxy.dataplane.ipvs.kernel as ipvs_kernel
 from lace_proxy.dataplane.ipvs import IpvsBackend, IpvsSettings, Wanted, addresses_of
 from lace_proxy.dataplane.ipvs.addresses import AddressChannel
+from lace_proxy.dataplane.ipvs.netlink import IpvsChannel
 from lace_proxy.dataplane.nft import Nft
 from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
 from lace_proxy.table import IMPLEMENTATION, ServiceTable
@@ -232,7 +235,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         nft = NftablesBackend(NftablesSettings(translate=False, **settings), Nft(netns))
         backend = IpvsBackend(IpvsSettings(), nft, netns=netns)
         # Timers around the IPVS backend's kernel work (this process only).
-        ipvs_kernel.dump = phases.wrap("dump", ipvs_kernel.dump)
+        for name in ("services", "servers_of"):  # IPVS read back: netlink dumps
+            setattr(IpvsChannel, name, phases.wrap("dump", getattr(IpvsChannel, name)))
         for name in ("addresses", "add", "delete"):  # the dummy's: dumped, added, deleted
             setattr(AddressChannel, name, phases.wrap("addresses", getattr(AddressChannel, name)))
         backend._converge = phases.wrap("services", backend._converge)
@@ -341,27 +345,43 @@ def _changes_and_resync(
             change_out["ipvs_ops"] = statistics.median(ops)
         out["change"] = change_out
 
-    # Resync: a second full sync with nothing changed (the periodic reconcile).
+    # Full syncs with nothing changed: the periodic one (changes applied, what a few dumps
+    # show checked), then one that reads everything back (verified: a restart's adoption,
+    # every `verify_every`-th periodic sync, the one after a failure).
     if args.resync:
-        phases.reset()
+        empty = table.build()
+        table.commit()
         plans = list(table.plans())
-        _, wall, _, _, finished = _timed_sync(lambda: backend.full_sync(plans), args.timeout)
-        resync: dict[str, Any] = {"finished": finished, "wall_s": wall, "nft_s": phases.wall["nft"]}
-        if mode == "ipvs":
-            resync.update(
-                ipvs_s=wall - phases.wall["nft"],
-                dump_s=phases.wall["dump"],
-                services_s=phases.wall["services"],
-                addresses_s=phases.wall["addresses"],
-                ops=backend.last_changes if finished else None,
-            )
-            resync["other_s"] = (
-                resync["ipvs_s"] - resync["dump_s"] - resync["services_s"] - resync["addresses_s"]
-            )
-        out["resync"] = resync
-        if not finished:
-            print(json.dumps(out), flush=True)
-            os._exit(0)
+        _resync(out, "periodic", args, backend, phases, lambda: backend.full_sync(plans, empty))
+        _resync(out, "resync", args, backend, phases, lambda: backend.full_sync(plans))
+
+
+def _resync(
+    result: dict[str, Any],
+    key: str,
+    args: argparse.Namespace,
+    backend: Any,
+    phases: Phases,
+    sync: Callable[[], Any],
+) -> None:
+    """One full sync with nothing changed, timed and split as the cold one; into
+    `result[key]`."""
+    phases.reset()
+    _, wall, _, _, finished = _timed_sync(sync, args.timeout)
+    out: dict[str, Any] = {"finished": finished, "wall_s": wall, "nft_s": phases.wall["nft"]}
+    result[key] = out
+    if args.measure == "ipvs":
+        out.update(
+            ipvs_s=wall - phases.wall["nft"],
+            dump_s=phases.wall["dump"],
+            services_s=phases.wall["services"],
+            addresses_s=phases.wall["addresses"],
+            ops=backend.last_changes if finished else None,
+        )
+        out["other_s"] = out["ipvs_s"] - out["dump_s"] - out["services_s"] - out["addresses_s"]
+    if not finished:
+        print(json.dumps(result), flush=True)
+        os._exit(0)
 
 
 def _rss_mib() -> dict[str, float]:
@@ -685,41 +705,14 @@ def print_report(data: dict[str, Any]) -> None:
         else:
             row += f"{'-':>9}   (IPVS: {_why_not(i)})"
         w(row)
-    if any("resync" in r for r in data["results"]):
-        w("")
-        w("Resync: full_sync again, nothing changed (the periodic reconcile)")
-        w(
-            f"{'services':>8}  {'nftables':>9}  {'IPVS mode':>9} = {'nft':>8} + {'IPVS':>8}   "
-            f"IPVS part: {'dump':>8} {'diff':>8} {'addresses':>9} {'other':>8}  {'IPVS ops':>8}"
-        )
-        for size in data["sizes"]:
-            n, i = by.get((size, "nftables"), {}), by.get((size, "ipvs"), {})
-            if "resync" not in n and "resync" not in i:
-                continue
-            row = f"{size:>8}  "
-            if "resync" in n:
-                late = "" if n["resync"]["finished"] else ">"
-                row += f"{late + fmt_t(n['resync']['wall_s']):>9}  "
-            else:
-                row += f"{'-':>9}  "
-            if "resync" in i:
-                ir = i["resync"]
-                late = "" if ir["finished"] else " (interrupted)"
-                row += (
-                    f"{fmt_t(ir['wall_s']):>9} = {fmt_t(ir['nft_s']):>8} + "
-                    f"{fmt_t(ir['ipvs_s']):>8}   {'':>11}{fmt_t(ir['dump_s']):>8} "
-                    f"{fmt_t(ir['services_s']):>8} {fmt_t(ir.get('addresses_s')):>9} "
-                    f"{fmt_t(ir.get('other_s')):>8}  "
-                    f"{ir['ops'] if ir['ops'] is not None else '-':>8}{late}"
-                )
-            else:
-                row += f"{'-':>9}   (IPVS: {_why_not(i)})"
-            w(row)
-        w(
-            "  dump = reading IPVS back (netlink dumps: the services, each one's real servers), "
-            "diff = converging, addresses = the namespace's addresses dumped (the dummy's, the "
-            "node's); IPVS ops > 0 means the diff against the dump was not empty"
-        )
+    titles = {
+        "periodic": "Periodic full sync, nothing changed (changes applied, the structure checked)",
+        "resync": "Verified full sync, nothing changed (everything read back, as every "
+        "verify_every-th periodic one and a restart's adoption)",
+    }
+    for key, title in titles.items():
+        if any(key in r for r in data["results"]):
+            _resync_table(w, data, by, key, title)
     w("")
     w("Sanity after the cold sync: ipvsadm -Ln and the dummy's addresses vs Wanted")
     for size in data["sizes"]:
@@ -752,6 +745,50 @@ def print_report(data: dict[str, Any]) -> None:
     )
 
 
+def _resync_table(
+    w: Callable[[str], None],
+    data: dict[str, Any],
+    by: dict[tuple[int, str], dict[str, Any]],
+    key: str,
+    title: str,
+) -> None:
+    """The table of one kind of full sync with nothing changed (`key`: periodic, resync)."""
+    w("")
+    w(title)
+    w(
+        f"{'services':>8}  {'nftables':>9}  {'IPVS mode':>9} = {'nft':>8} + {'IPVS':>8}   "
+        f"IPVS part: {'dump':>8} {'diff':>8} {'addresses':>9} {'other':>8}  {'IPVS ops':>8}"
+    )
+    for size in data["sizes"]:
+        n, i = by.get((size, "nftables"), {}), by.get((size, "ipvs"), {})
+        if key not in n and key not in i:
+            continue
+        row = f"{size:>8}  "
+        if key in n:
+            late = "" if n[key]["finished"] else ">"
+            row += f"{late + fmt_t(n[key]['wall_s']):>9}  "
+        else:
+            row += f"{'-':>9}  "
+        if key in i:
+            ir = i[key]
+            late = "" if ir["finished"] else " (interrupted)"
+            row += (
+                f"{fmt_t(ir['wall_s']):>9} = {fmt_t(ir['nft_s']):>8} + "
+                f"{fmt_t(ir['ipvs_s']):>8}   {'':>11}{fmt_t(ir['dump_s']):>8} "
+                f"{fmt_t(ir['services_s']):>8} {fmt_t(ir.get('addresses_s')):>9} "
+                f"{fmt_t(ir.get('other_s')):>8}  "
+                f"{ir['ops'] if ir['ops'] is not None else '-':>8}{late}"
+            )
+        else:
+            row += f"{'-':>9}   (IPVS: {_why_not(i)})"
+        w(row)
+    w(
+        "  dump = reading IPVS back (netlink dumps: the services, each one's real servers), "
+        "diff = converging, addresses = the namespace's addresses dumped (the dummy's, the "
+        "node's); IPVS ops > 0 means the diff against the dump was not empty"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="1000,10000", help="services, comma-separated")
@@ -761,10 +798,13 @@ def main(argv: list[str] | None = None) -> int:
         "--timeout",
         type=float,
         default=300,
-        help="interrupt a cold sync or resync still running after this (seconds)",
+        help="interrupt a cold or full sync still running after this (seconds)",
     )
     parser.add_argument(
-        "--no-resync", dest="resync", action="store_false", help="skip the second full_sync"
+        "--no-resync",
+        dest="resync",
+        action="store_false",
+        help="skip the full syncs with nothing changed (periodic, verified)",
     )
     parser.add_argument(
         "--netns-per-call",

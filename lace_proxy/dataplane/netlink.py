@@ -35,6 +35,8 @@ SOL_NETLINK = 270
 NETLINK_CAP_ACK = 10
 #: Errors say which attribute of the request was refused (an offset into it).
 NETLINK_EXT_ACK = 11
+#: Dump requests are checked strictly, and their filters (an interface's index) applied.
+NETLINK_GET_STRICT_CHK = 12
 NLMSG_ERROR = 2
 NLM_F_ACK_TLVS = 0x200
 NLMSGERR_ATTR_MSG = 1
@@ -81,8 +83,8 @@ class Channel(_Closing):
     """A netlink socket of its own with its own sequence numbers: what the IPVS and address
     channels share."""
 
-    def __init__(self, protocol: int, answers: int) -> None:
-        self.sock = NetlinkSocket(protocol, answers)
+    def __init__(self, protocol: int, answers: int, *, strict: bool = False) -> None:
+        self.sock = NetlinkSocket(protocol, answers, strict=strict)
         self._next = 1
 
     def close(self) -> None:
@@ -98,10 +100,15 @@ class Channel(_Closing):
 class NetlinkSocket(_Closing):
     """A netlink socket of one protocol, in the calling thread's network namespace, with
     room for `answers` answers waiting at once (SO_RCVBUFFORCE: CAP_NET_ADMIN, which
-    programming IPVS or conntrack needs anyway; without it, the default buffer)."""
+    programming IPVS or conntrack needs anyway; without it, the default buffer); `strict`:
+    NETLINK_GET_STRICT_CHK."""
 
-    def __init__(self, protocol: int, answers: int = 0, timeout: float = 0) -> None:
+    def __init__(
+        self, protocol: int, answers: int = 0, timeout: float = 0, *, strict: bool = False
+    ) -> None:
         self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, protocol)
+        if strict:
+            self._sock.setsockopt(SOL_NETLINK, NETLINK_GET_STRICT_CHK, 1)
         if timeout:  # how long `receive` waits; the socket stays blocking for sends
             seconds = int(timeout)
             micros = int((timeout - seconds) * 1e6)

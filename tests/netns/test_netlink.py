@@ -1,9 +1,12 @@
-"""Conntrack deletions lace-proxy encodes itself (IPVS mode's UDP flow moves), carried out by
-a real kernel: many to a `send`, each answered only if it fails."""
+"""Netlink lace-proxy encodes itself, against a real kernel: conntrack deletions (IPVS mode's
+UDP flow moves), many to a `send`, each answered only if it fails; the links and addresses
+IPVS mode reads."""
 
 from __future__ import annotations
 
 import errno
+import ipaddress
+import json
 import socket
 
 import pytest
@@ -12,6 +15,7 @@ from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
 
 from lace_proxy.dataplane import netlink
 from lace_proxy.dataplane.conntrack import UdpFlow, delete_requests
+from lace_proxy.dataplane.ipvs.addresses import AddressChannel
 from lace_proxy.demo.testbed import Testbed
 
 pytestmark = pytest.mark.netns
@@ -86,3 +90,34 @@ def test_deletions_sent_together_delete_exactly_their_entries(testbed: Testbed) 
     answers = ns.call(_delete, going, 5_000)
     assert answers == {5_000 + i: errno.ENOENT for i in range(len(going))}
     assert ns.call(_held, flows) == set(staying)
+
+
+def _read_links_and_addresses() -> tuple[
+    dict[str, int], dict[int, set[tuple[int, str]]], set[tuple[int, str]]
+]:
+    """AddressChannel's view: the links, each one's addresses by its own dump, every address."""
+    with AddressChannel() as channel:
+        links = channel.links()
+        each = {i: set(channel.addresses(i)) for i in links.values()}  # filtered by the kernel
+        gone = max(links.values()) + 1000
+        assert channel.addresses(gone) == []  # a link that is not there has none
+        return links, each, set(channel.addresses())
+
+
+def test_links_and_each_links_addresses_read_as_ip_shows_them(testbed: Testbed) -> None:
+    """The node's links by name and index, and each one's addresses read by a dump the kernel
+    filters to that link (a periodic sync in IPVS mode reads the node's addresses so, not
+    the dummy interface's thousands), as `ip` shows them."""
+    node = testbed.node
+    shown = json.loads(testbed.exec(node, ["ip", "-j", "addr", "show"]).stdout)
+    links, each, every = node.ns.call(_read_links_and_addresses)
+    assert links == {link["ifname"]: link["ifindex"] for link in shown}
+    expected = {
+        link["ifindex"]: {
+            (link["ifindex"], str(ipaddress.ip_address(a["local"]))) for a in link["addr_info"]
+        }
+        for link in shown
+    }
+    assert each == expected
+    assert sum(map(len, expected.values())) > 4  # both families, more than one link
+    assert every == set().union(*expected.values())

@@ -24,7 +24,6 @@ else is touched.
 
 from __future__ import annotations
 
-import errno
 import ipaddress
 import logging
 import time
@@ -36,7 +35,6 @@ from typing import Any, TypeVar
 from pyroute2 import IPVS, IPRoute
 
 from lace_proxy.dataplane.base import NO_NETWORKS, collection_paused
-from lace_proxy.dataplane.conntrack import delete_requests
 from lace_proxy.dataplane.ipvs import kernel
 from lace_proxy.dataplane.ipvs.addresses import AddressChannel, AddressRefusal
 from lace_proxy.dataplane.ipvs.kernel import STRICT_ARP, SYSCTLS
@@ -49,7 +47,7 @@ from lace_proxy.dataplane.ipvs.model import (
     addresses_of,
 )
 from lace_proxy.dataplane.ipvs.netlink import Batch, IpvsChannel
-from lace_proxy.dataplane.netlink import NETLINK_NETFILTER, NetlinkSocket, send_together
+from lace_proxy.dataplane.ipvs.udp import remove_udp_servers
 from lace_proxy.dataplane.nft import enter_netns
 from lace_proxy.dataplane.nftables import NftablesBackend
 from lace_proxy.networks.graph import NetworkLayout
@@ -89,6 +87,11 @@ class IpvsBackend:
         # Real servers draining at weight 0, with their deadlines, per virtual service.
         self._terminating: dict[VirtualServer, dict[tuple[str, int], float]] = {}
         self.last_changes = 0  # IPVS and address operations of the last sync (0: converged)
+        # Whether IPVS holds what this process programmed (no sync failed since the last
+        # full sync that read every real server back), and how many full syncs ago that was.
+        self._trusted = False
+        self._since_verified = 0
+        self._index = -1  # the dummy interface's, as of the last full sync
         self._channel: IpvsChannel | None = None  # made on the kernel's thread, kept
 
     # -- the Dataplane protocol --
@@ -99,17 +102,43 @@ class IpvsBackend:
         changes: Changeset | None = None,
         layout: NetworkLayout = NO_NETWORKS,
     ) -> int:
-        """nftables in full, then IPVS and the dummy's addresses by diff against the kernel."""
+        """nftables in full, then IPVS and the dummy's addresses.
+
+        As nftables mode's: the first full sync of a process, the one after a failed sync,
+        and every `verify_every`-th (the nftables part's setting) read IPVS and the
+        addresses back whole and program what differs (adoption; drift repaired server by
+        server). The others apply `changes` as `apply` does, after a check of what a few
+        requests show (`_periodic`); only if that differs is everything read back then. A
+        whole read-back is one dump per virtual service (the kernel ends a dump only once its
+        first buffer is read): at 10k services, most of a verified sync."""
         plans = list(plans)
         count = self.nft.full_sync(plans, changes, layout)
+        if (
+            changes is not None
+            and self._trusted
+            and self._since_verified + 1 < self.nft.verify_every
+        ):
+            self._trusted = False  # until the check says otherwise (also if it raises)
+            checked = self._run(self._periodic, changes)
+            if checked is not None:
+                self._trusted = True
+                self._since_verified += 1
+                self.last_changes = checked
+                return count + checked
+            log.warning("IPVS: not as programmed; reading every real server back")
+        self._trusted = False
         with collection_paused():
             self.last_changes = self._run(self._reconcile, plans)
+        self._trusted, self._since_verified = True, 0
         return count + self.last_changes
 
     def apply(self, changes: Changeset, layout: NetworkLayout = NO_NETWORKS) -> int:
-        """nftables' transaction, then the changed plans' virtual services."""
+        """nftables' transaction, then the changed plans' virtual services; a failure makes
+        the next full sync read every real server back."""
         count = self.nft.apply(changes, layout)
+        trusted, self._trusted = self._trusted, False
         self.last_changes = self._run(self._apply, changes)
+        self._trusted = trusted
         return count + self.last_changes
 
     def node_addresses_changed(self, addresses: tuple[str, ...]) -> bool:
@@ -191,20 +220,52 @@ class IpvsBackend:
             self._channel.close()
             self._channel = None
 
-    def _reconcile(self, plans: list[Plan]) -> int:
+    def _settle(self) -> None:
+        """The sysctls and timeouts IPVS mode needs (written at every full sync, so that a
+        change behind our back is undone)."""
         kernel.write_sysctls({**SYSCTLS, **(STRICT_ARP if self.settings.strict_arp else {})})
         s = self.settings
         timeouts = (s.tcp_timeout, s.tcp_fin_timeout, s.udp_timeout)
         if any(timeouts):
             with IPVS() as ipvs:
                 kernel.set_timeouts(ipvs, timeouts)
+
+    def _reconcile(self, plans: list[Plan]) -> int:
+        self._settle()
+        with IPRoute() as ipr:
+            index = kernel.dummy(ipr, self.settings.interface)
         refs: Counter[str] = Counter()
         for plan in plans:
             refs.update(addresses_of(plan))
-        with IPRoute() as ipr:
-            index = kernel.dummy(ipr, self.settings.interface)
         with AddressChannel() as addresses:
             return self._sync_ipvs(addresses, index, plans, refs)
+
+    def _periodic(self, changes: Changeset) -> int | None:
+        """A full sync that trusts IPVS and the dummy's addresses as nftables mode's trusts
+        its elements (see full_sync): it checks what a few requests show (the dummy
+        interface is the one programmed, the node addresses NodePorts use are the same, one
+        virtual service has its real servers: IPVS was not cleared), then applies `changes`.
+        Returns the operation count, or None if the kernel is not as programmed (the caller
+        then reads everything back)."""
+        self._settle()
+        with AddressChannel() as addresses:
+            links = addresses.links()
+            index = links.get(self.settings.interface, -1)
+            node = [a for i in links.values() if i != index for a in addresses.addresses(i)]
+        if index != self._index or self._local_addresses(node, index) != self._node_addresses:
+            return None
+        if not self._canary_holds():
+            return None
+        return self._apply(changes)
+
+    def _canary_holds(self) -> bool:
+        """Whether one programmed virtual service with real servers has them in IPVS (one
+        dump): IPVS cleared behind our back (`ipvsadm -C`) shows here at once."""
+        for vs, target in self._programmed.items():
+            if target.servers:
+                servers = self._ipvs().servers(vs)
+                return {(r[0], r[1]) for r in servers if r[3] > 0} == target.servers
+        return True
 
     def _sync_ipvs(
         self, addresses: AddressChannel, index: int, plans: list[Plan], refs: Counter[str]
@@ -212,6 +273,7 @@ class IpvsBackend:
         """Virtual services by diff against what IPVS holds, and the dummy's addresses by
         diff against one dump of the namespace's addresses (which also has the node's)."""
         every = addresses.addresses()
+        self._index = index
         self._node_addresses = self._local_addresses(every, index)
         held = {address for i, address in every if i == index}
         self._address_refs = refs
@@ -347,7 +409,7 @@ class IpvsBackend:
             if sequence not in refused:  # no new connections; deleted once drained
                 self._terminating.setdefault(vs, {})[server] = now + self.settings.grace_period
         count = len(batch) - len(refused)
-        count += self._remove_udp(channel, udp_gone, failed)
+        count += remove_udp_servers(channel, self.nft, udp_gone, failed)
         count += self._finish_draining(channel, now, failed)
         _raise_if(failed)  # the others are programmed; the sync counts as failed, is retried
         return count
@@ -379,67 +441,6 @@ class IpvsBackend:
                 del self._terminating[vs]
         return len(batch) - len(self._send(channel, batch, failed))
 
-    def _remove_udp(
-        self,
-        channel: IpvsChannel,
-        gone: list[tuple[VirtualServer, tuple[str, int]]],
-        failed: list[str],
-    ) -> int:
-        """Delete UDP real servers at once (no graceful termination for UDP, as kube-proxy):
-        a flow's next packet then finds its connection's server gone and is balanced anew.
-
-        IPVS drops that packet instead if it still has the flow's old, confirmed conntrack
-        entry (ip_vs_in, expire_nodest_conn: "old conntrack"), until the kernel's own flush
-        of the server's connections deletes the entry a moment later. So:
-        1. The leaving servers get weight 0, so that no new flow picks them; their flows
-           keep them, and the listing that follows holds every flow they will ever have.
-        2. The replies on their way from those servers are rescued (nftables translates
-           them once IPVS no longer does), and the flows' deletion requests are encoded.
-        3. With nothing in between (netlink.send_together): the flows' entries are deleted,
-           the servers (one buffer), then the flows' entries again (those a packet made in
-           between, sent on to the old server, which is still there). A flow loses a packet
-           only if it sends two inside that moment; streams (conntrack's ASSURED flows) are
-           deleted last the first time and first the second, so theirs is the shortest.
-        Whatever flow the listing missed is deleted last, by endpoint (`conntrack -D`)."""
-        if not gone:
-            return 0
-        weights = channel.batch()
-        for vs, server in gone:
-            weights.change_server(vs, server, 0)
-        for refusal in channel.send(weights):
-            log.warning("%s", refusal)
-        listed = self.nft.rescue_udp_replies([kernel.flows_to(vs, s) for vs, s in gone])
-        # Lone queries first and streams last, then streams first: a flow's moment between
-        # its two deletions is the shorter the nearer it is to the servers' deletion.
-        flows = sorted(listed, key=lambda f: f.assured)
-        first = delete_requests(flows, 1)
-        again = delete_requests(flows[::-1], len(flows) + 1)
-        deletions = channel.batch()
-        for vs, server in gone:
-            deletions.delete_server(vs, server)
-        servers, sequences = channel.whole(deletions)
-        with NetlinkSocket(NETLINK_NETFILTER, answers=2 * len(flows)) as ct:
-            started = time.perf_counter()
-            send_together(
-                [*((ct, c) for c in first), (channel.sock, servers), *((ct, c) for c in again)]
-            )
-            log.debug(
-                "IPVS: %d UDP real servers and %d flows' entries deleted in %.3f ms",
-                len(gone),
-                len(flows),
-                (time.perf_counter() - started) * 1000,
-            )
-            for sequence, code in ct.answers().items():
-                if sequence <= len(flows) and code != errno.ENOENT:
-                    log.warning("conntrack: deleting %s failed: %s", flows[sequence - 1], code)
-        refused = deletions.refusals(channel.sock.replies(), sequences)
-        for refusal in refused:
-            log.error("%s", refusal)
-        failed += map(str, refused)
-        if self.nft.conntrack is not None:
-            self.nft.conntrack.delete_udp(sorted({kernel.flows_to(None, s) for _, s in gone}))
-        return len(gone) - len(refused)
-
     def _plan(
         self,
         batch: Batch,
@@ -467,7 +468,7 @@ class IpvsBackend:
             log.warning("IPVS %s: real server %s is not a unicast address; skipped", vs, server)
         for server in sorted(have.servers - want.servers):
             if vs.protocol == "UDP":
-                udp_gone.append((vs, server))  # deleted at once: _remove_udp
+                udp_gone.append((vs, server))  # deleted at once: udp.py
             else:
                 zeroed[batch.change_server(vs, server, 0)] = (vs, server)
         if vs in self._terminating and not self._terminating[vs]:
@@ -511,6 +512,7 @@ class IpvsBackend:
         return tuple(sorted(set(out)))
 
     def _cleanup(self) -> int:
+        self._trusted = False  # the next full sync reads everything back
         with IPRoute() as ipr:
             links = ipr.link_lookup(ifname=self.settings.interface)
             index = int(links[0]) if links else -1
@@ -522,7 +524,7 @@ class IpvsBackend:
                 ipr.link("del", index=index)
         channel = self._ipvs()
         batch = channel.batch()
-        for vs in kernel.dump(channel):
+        for vs, _, _ in kernel.services(channel):
             made = vs in self._programmed and not self._excluded(vs.address)
             if self._owns(vs, dummy_addresses) or made:
                 batch.delete_service(vs)

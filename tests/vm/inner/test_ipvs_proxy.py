@@ -327,6 +327,43 @@ def test_node_ports_follow_node_addresses_at_each_full_sync(proxy: Harness, tb: 
     assert key not in ipvsadm(tb)
 
 
+def test_a_periodic_sync_trusts_what_verifying_repairs_and_sees_a_cleared_ipvs(
+    tb: Testbed, tmp_path: Path
+) -> None:
+    """Between verified full syncs (every third here), a full sync trusts IPVS and the
+    dummy's addresses, as nftables mode trusts its elements: an address deleted behind the
+    proxy's back comes back at the third. IPVS cleared, the dummy interface deleted or a
+    node address gained is seen by the periodic sync's check and repaired at once."""
+    proxy = Harness(tb, tmp_path / "manifests", mode="ipvs", verify_every=3)
+    key, extra = f"TCP {VIP4}:80", "10.250.0.77"
+    every = {(f"10.251.0.{n}:8080", 1) for n in (11, 12, 13)}
+    pods = {"pod1", "pod2", "pod3"}
+    try:
+        proxy.write("web", *web(tb))
+        proxy.sync()  # the first: verified
+        tb.exec(tb.node, ["ip", "addr", "del", f"{VIP4}/32", "dev", "lace-ipvs0"])
+        for _ in range(2):  # the two periodic syncs between verified ones
+            proxy.sync(full=True)
+            assert request_tcp(tb.client, VIP4, 80).outcome == "refused"
+        proxy.sync(full=True)  # the third: everything read back
+        assert set(names(many(tb.client, VIP4, 80, n=12))) == pods
+        tampering = (
+            ["ipvsadm", "-C"],
+            ["ip", "link", "del", "lace-ipvs0"],
+            ["ip", "addr", "add", f"{extra}/32", "dev", "lo"],
+        )
+        for command in tampering:
+            tb.exec(tb.node, command)
+            proxy.sync(full=True)  # periodic: the check differs, so everything is read back
+            assert ipvsadm(tb)[key] == ("rr", every), command
+            assert set(names(many(tb.client, VIP4, 80, n=12))) == pods, command
+        assert f"TCP {extra}:30080" in ipvsadm(tb)  # a NodePort on the new node address
+        assert proxy.proxier.stats.failures == 0
+    finally:
+        tb.exec(tb.node, ["ip", "addr", "del", f"{extra}/32", "dev", "lo"], check=False)
+        proxy.close()
+
+
 def test_ipvs_timeouts_from_config_and_zero_keeps_the_kernels(tb: Testbed, tmp_path: Path) -> None:
     def shown() -> list[int]:
         out = tb.exec(tb.node, ["ipvsadm", "-L", "--timeout"]).stdout
