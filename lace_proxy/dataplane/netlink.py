@@ -44,6 +44,7 @@ NLMSGERR_ATTR_OFFS = 2
 SO_SNDBUFFORCE = 32  # asm-generic/socket.h; Python's socket module names neither
 SO_RCVBUFFORCE = 33
 _HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence, port id
+_ATTR = struct.Struct("=HH")  # nlattr: length, type
 #: Bytes per `send`: well under the default socket send buffer (the kernel refuses a message
 #: larger than the buffer), so no capability is needed to raise it.
 CHUNK = 64 * 1024
@@ -187,6 +188,17 @@ class Answer(NamedTuple):
     message: str | None = None
 
 
+def attributes(payload: bytes, start: int) -> Iterator[tuple[int, bytes]]:
+    """(type, value) of each netlink attribute in `payload` from `start` on (not nested)."""
+    at = start
+    while at + 4 <= len(payload):
+        length, kind = _ATTR.unpack_from(payload, at)
+        if length < 4:
+            return
+        yield kind, payload[at + 4 : at + length]
+        at += (length + 3) & ~3
+
+
 def _answer(payload: bytes, flags: int) -> Answer:
     code = -struct.unpack_from("=i", payload)[0]
     if not code or not flags & NLM_F_ACK_TLVS:
@@ -194,17 +206,11 @@ def _answer(payload: bytes, flags: int) -> Answer:
     # nlmsgerr: the error, the request's header (capped: NETLINK_CAP_ACK), then attributes.
     offset: int | None = None
     message: str | None = None
-    at = 4 + _HEADER.size
-    while at + 4 <= len(payload):
-        length, kind = struct.unpack_from("=HH", payload, at)
-        if length < 4:
-            break
-        value = payload[at + 4 : at + length]
+    for kind, value in attributes(payload, 4 + _HEADER.size):
         if kind == NLMSGERR_ATTR_OFFS and len(value) >= 4:
             offset = struct.unpack_from("=I", value)[0]
         elif kind == NLMSGERR_ATTR_MSG:
             message = value.rstrip(b"\0").decode(errors="replace")
-        at += (length + 3) & ~3
     return Answer(code, offset, message)
 
 

@@ -32,6 +32,7 @@ from lace_proxy.dataplane.netlink import (
     NLMSG_ERROR,
     Answer,
     Channel,
+    attributes,
     header,
     messages,
     reason,
@@ -97,16 +98,11 @@ def _parse(payload: bytes) -> tuple[int, str] | None:
     end of a point-to-point link, else IFA_ADDRESS (IPv6 sends only that)."""
     index = _IFADDRMSG.unpack_from(payload)[4]
     local = address = None
-    at = _IFADDRMSG.size
-    while at + 4 <= len(payload):
-        length, kind = _ATTR.unpack_from(payload, at)
-        if length < 4:
-            break
+    for kind, value in attributes(payload, _IFADDRMSG.size):
         if kind == IFA_LOCAL:
-            local = payload[at + 4 : at + length]
+            local = value
         elif kind == IFA_ADDRESS:
-            address = payload[at + 4 : at + length]
-        at += (length + 3) & ~3
+            address = value
     raw = local or address
     if raw is None:
         return None
@@ -134,16 +130,10 @@ class AddressChannel(Channel):
         """Every interface of the namespace: its name and index, from one dump."""
         out: dict[str, int] = {}
         for payload in self._dump(RTM_GETLINK, _IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
-            at = _IFINFOMSG.size
-            while at + 4 <= len(payload):
-                length, kind = _ATTR.unpack_from(payload, at)
-                if length < 4:
-                    break
+            for kind, value in attributes(payload, _IFINFOMSG.size):
                 if kind == IFLA_IFNAME:
-                    name = payload[at + 4 : at + length].rstrip(b"\0").decode()
-                    out[name] = _IFINFOMSG.unpack_from(payload)[2]
+                    out[value.rstrip(b"\0").decode()] = _IFINFOMSG.unpack_from(payload)[2]
                     break
-                at += (length + 3) & ~3
         return out
 
     def _dump(self, command: int, body: bytes) -> list[bytes]:

@@ -16,8 +16,9 @@ for the drained real servers' deletions, and the UDP move's own; the dummy's add
 batches of their own (`addresses.AddressChannel`). A new address goes
 onto the dummy interface only once IPVS holds its virtual services with their real servers
 (`_add_to_dummy`), so a frontend is never the node's own without them. A real server that
-leaves is first set to weight 0 (no new connections) and deleted once its connections have
-drained (as kube-proxy), or after `grace_period` if one is set. Ownership: virtual services
+leaves is deleted at once if IPVS tracks no connection to it; otherwise it is first set to
+weight 0 (no new connections) and deleted once its connections have drained, or after
+`grace_period` if one is set (as kube-proxy's graceful termination). Ownership: virtual services
 on the dummy interface's addresses, and on node addresses within the NodePort range; nothing
 else is touched.
 """
@@ -389,7 +390,10 @@ class IpvsBackend:
     ) -> int:
         """Make the virtual services in `held` (ours; all of them, or those in `only`) look
         like `desired` (one batch of requests; what the kernel refuses stops nothing else),
-        then finish real servers whose draining is over."""
+        then finish real servers whose draining is over. Real servers leaving a TCP or SCTP
+        virtual service are looked up first (a dump of it): one without connections is
+        deleted in the batch (as kube-proxy's graceful termination tries first), the others
+        drain."""
         now = self._clock()
         failed: list[str] = []
         udp_gone: list[tuple[VirtualServer, tuple[str, int]]] = []
@@ -398,7 +402,10 @@ class IpvsBackend:
         for vs, want in desired.items():
             have = held.get(vs)
             if have != want:  # most of a periodic sync's: as held, nothing to plan
-                self._plan(batch, vs, have, want, udp_gone, zeroed)
+                busy = {}
+                if have is not None and have.servers - want.servers and self._drains(vs):
+                    busy = kernel.connections(channel, vs)
+                self._plan(batch, vs, have, want, udp_gone, zeroed, busy)
         for vs in held:
             if vs in desired or (only is not None and vs not in only):
                 continue
@@ -449,9 +456,11 @@ class IpvsBackend:
         want: Target,
         udp_gone: list[tuple[VirtualServer, tuple[str, int]]],
         zeroed: dict[int, tuple[VirtualServer, tuple[str, int]]],
+        busy: dict[tuple[str, int], int],
     ) -> None:
         """One virtual service to `want`, as requests in `batch`: its UDP real servers to
-        delete go to `udp_gone`, the requests setting others to weight 0 to `zeroed`."""
+        delete go to `udp_gone`, the requests setting others with connections (`busy`) to
+        weight 0 to `zeroed`; the rest are deleted."""
         if have is None:
             batch.add_service(vs, want)
             have = Target(want.scheduler, want.persistence, frozenset())
@@ -469,10 +478,17 @@ class IpvsBackend:
         for server in sorted(have.servers - want.servers):
             if vs.protocol == "UDP":
                 udp_gone.append((vs, server))  # deleted at once: udp.py
-            else:
+            elif busy.get(server, 0):
                 zeroed[batch.change_server(vs, server, 0)] = (vs, server)
+            else:
+                batch.delete_server(vs, server)
         if vs in self._terminating and not self._terminating[vs]:
             del self._terminating[vs]
+
+    def _drains(self, vs: VirtualServer) -> bool:
+        """Whether a real server leaving `vs` with connections drains first (UDP's never
+        do; none does with a grace period of 0)."""
+        return vs.protocol != "UDP" and self.settings.grace_period > 0
 
     def _owns(self, vs: VirtualServer, dummy_addresses: set[str]) -> bool:
         return self.owns(vs, dummy_addresses, self._node_addresses)

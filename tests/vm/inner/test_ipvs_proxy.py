@@ -158,13 +158,16 @@ def test_removed_endpoint_drains_and_a_restart_adopts_without_flush(
     # Connections to every pod: IPVS remembers them (TIME_WAIT) for two minutes.
     assert set(names(many(tb.client, VIP4, 80, n=12))) == {"pod1", "pod2", "pod3"}
     # pod3 leaves: no new connections to it, but it stays at weight 0 while IPVS still
-    # tracks its connections (deleted when they are gone, or after the grace period).
+    # tracks its connections (deleted when they are gone, or after the grace period). Where
+    # it had none (the LB IP had no traffic), it is deleted at once.
     objs = web(tb)
     objs[1] = endpoints("web", tb.pods[:2])
     proxy.write("web", *objs)
     proxy.sync()
     weights = dict(ipvsadm(tb)[key][1])
     assert weights.get("10.251.0.13:8080") == 0, weights
+    idle = dict(ipvsadm(tb)[f"TCP {LB4}:80"][1])
+    assert idle == {"10.251.0.11:8080": 1, "10.251.0.12:8080": 1}
     assert set(names(many(tb.client, VIP4, 80, n=12))) == {"pod1", "pod2"}
     # A new process adopts what IPVS holds: nothing to add, change or flush.
     again = Harness(tb, tmp_path / "again", mode="ipvs")
