@@ -129,6 +129,7 @@ cdef Py_ssize_t SVC_HC_PORT = _offset(Service, "health_check_node_port")
 cdef Py_ssize_t SVC_HEADLESS = _offset(Service, "headless")
 cdef Py_ssize_t SVC_PROXY_NAME = _offset(Service, "proxy_name")
 cdef Py_ssize_t SVC_SCHEDULER = _offset(Service, "ipvs_scheduler")
+cdef Py_ssize_t SVC_BGP = _offset(Service, "bgp")
 cdef Py_ssize_t SP_NAME = _offset(ServicePort, "name")
 cdef Py_ssize_t SP_PROTOCOL = _offset(ServicePort, "protocol")
 cdef Py_ssize_t SP_PORT = _offset(ServicePort, "port")
@@ -216,6 +217,7 @@ cdef class Plan:
     cdef readonly object internal_verdict, external_verdict
     cdef readonly object access  # Access | None
     cdef readonly str scheduler  # "" for the configured default
+    cdef readonly object bgp  # BgpAnnotations | None
 
     @property
     def internal_backends(self):
@@ -259,6 +261,7 @@ cdef bint _plan_eq(Plan a, Plan b):
             and a.local_backends == b.local_backends
             and a.standby_backends == b.standby_backends
             and a.scheduler == b.scheduler
+            and a.bgp == b.bgp
             and (a.access is b.access or a.access == b.access))
 
 
@@ -754,6 +757,7 @@ cdef Plan _plan_without(Plan p, frozenset lost):
     q.external_verdict = p.external_verdict
     q.access = p.access
     q.scheduler = p.scheduler
+    q.bgp = p.bgp
     return q
 
 
@@ -1145,6 +1149,7 @@ cdef class ServiceTable:
         cdef object scheduler = _field(svc, exact, SVC_SCHEDULER, "ipvs_scheduler")
         if scheduler is None:
             scheduler = ""
+        cdef object bgp = _field(svc, exact, SVC_BGP, "bgp")
         cdef int family, node_port, mode
         cdef bint accessible, external_local, uses_cluster, uses_local, has_any, sp_exact
         cdef bint local_ready, local_terminating
@@ -1234,6 +1239,7 @@ cdef class ServiceTable:
                 plan.health_check_node_port = hc_port if external_local else 0
                 plan.access = access
                 plan.scheduler = scheduler
+                plan.bgp = bgp
                 if result is None:
                     result = plan
                 elif type(result) is Plan:

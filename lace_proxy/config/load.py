@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from lace_proxy.config.bgp import LaceBgpAnnounceConfig, LaceBgpConfig
 from lace_proxy.config.duration import format_duration
 from lace_proxy.config.errors import ConfigError
 from lace_proxy.config.schema import SCHEMA, parse_fields, show, snake
@@ -121,6 +122,11 @@ def _section(cls: type[_T], values: Mapping[str, object]) -> _T:
     return cls(**{snake(key): value for key, value in values.items()})
 
 
+def _bgp_section(values: dict[str, Any]) -> LaceBgpConfig:
+    announce = _section(LaceBgpAnnounceConfig, values.pop("announce", {}))
+    return LaceBgpConfig(announce=announce, **{snake(k): v for k, v in values.items()})
+
+
 def _default_hostname(source: str) -> str:
     hostname = socket.gethostname().strip().lower()
     if not hostname:
@@ -153,6 +159,7 @@ def load_config(path: str | None, overrides: Mapping[str, object] | None = None)
             nftables=_section(LaceNFTablesConfig, lace.pop("nftables", {})),
             routing=_section(LaceRoutingConfig, lace.pop("routing", {})),
             egress=_section(LaceEgressConfig, lace.pop("egress", {})),
+            bgp=_bgp_section(lace.pop("bgp", {})),
             **{snake(key): value for key, value in lace.items()},
         ),
         **{snake(key): value for key, value in merged.items()},
@@ -174,6 +181,15 @@ def load_config(path: str | None, overrides: Mapping[str, object] | None = None)
 
 def _check(config: ProxyConfig, source: str) -> None:
     """Rules across fields, which no single field's parser can see."""
+    bgp = config.lace.bgp
+    if bgp.enabled:
+        for key, missing in (
+            ("asn", not bgp.asn),
+            ("peers", not bgp.peers),
+            ("directory", not bgp.directory),
+        ):
+            if missing:
+                raise ConfigError(source, f"lace.bgp.{key}", "required when lace.bgp.enabled")
     if config.lace.egress.table == config.lace.nftables.table:
         raise ConfigError(
             source,

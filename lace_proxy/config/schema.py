@@ -11,10 +11,11 @@ import difflib
 import ipaddress
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeAlias
 
+from lace_proxy.config.bgp import CLUSTER_IP_MODES, BgpPeer
 from lace_proxy.config.duration import NOT_A_DURATION, format_duration, parse_duration
 from lace_proxy.config.errors import ConfigError
 from lace_proxy.model.service import IPVS_SCHEDULERS
@@ -263,6 +264,107 @@ def _table_name(value: object) -> str:
     return text
 
 
+def _within(suffix: str, parse: Callable[[object], Any], value: object) -> Any:
+    """`parse(value)`, its error located at `suffix` (a list item's field)."""
+    try:
+        return parse(value)
+    except _Invalid as e:
+        raise _Invalid(e.problem, suffix + e.suffix) from None
+
+
+def _router_id(value: object) -> str | None:
+    text = _string(value)
+    if not text:
+        return None
+    try:
+        return str(ipaddress.IPv4Address(text))
+    except ValueError:
+        raise _bad(value, "an IPv4 address (a BGP router id)") from None
+
+
+def _hold_time(value: object) -> float:
+    seconds = _duration(value)
+    if seconds and not 3 <= seconds <= 65535:
+        raise _bad(value, "0s or 3s to 65535s (a BGP hold time)")
+    return seconds
+
+
+def _restart_time(value: object) -> float:
+    seconds = _duration(value)
+    if not 1 <= seconds <= 4095:
+        raise _bad(value, "1s to 4095s (a BGP graceful restart time)")
+    return seconds
+
+
+def _password(value: object) -> str:
+    text = _string(value)
+    if len(text.encode()) > 80:
+        raise _Invalid("is longer than 80 bytes (the TCP MD5 key's limit)")
+    return text
+
+
+def _labels(value: object) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise _bad(value, "a mapping of Node label names to values")
+    return tuple(sorted(value.items()))
+
+
+def _asn(value: object) -> int | None:
+    """An AS number (4 bytes); 0 is unset, as Go's zero value."""
+    return _integer(0, 2**32 - 1)(value) or None
+
+
+#: A peer's fields: their parsers, and whether one must be set.
+_PEER_FIELDS: dict[str, tuple[Callable[[object], Any], bool]] = {
+    "address": (_ip, True),
+    "asn": (_asn, True),
+    "port": (_integer(1, 65535), False),
+    "password": (_password, False),
+    "holdTime": (_hold_time, False),
+    "nodeSelector": (_labels, False),
+}
+
+
+def _bgp_peers(value: object) -> tuple[BgpPeer, ...]:
+    """lace.bgp.peers: a list of routers, each a mapping of _PEER_FIELDS, no address twice."""
+    if not isinstance(value, list):
+        raise _bad(value, "a list of peers")
+    peers: list[BgpPeer] = []
+    for i, item in enumerate(value):
+        if not isinstance(item, Mapping):
+            raise _Invalid(f"{show(item)} is not a mapping", f"[{i}]")
+        fields: dict[str, Any] = {}
+        for key, raw in item.items():
+            if key not in _PEER_FIELDS:
+                raise _Invalid(_unknown_field(str(key), _PEER_FIELDS), f"[{i}].{key}")
+            parsed = _within(f"[{i}].{key}", _PEER_FIELDS[key][0], raw)
+            if parsed is not None:
+                fields[snake(key)] = parsed
+        for key, (_, required) in _PEER_FIELDS.items():
+            if required and snake(key) not in fields:
+                raise _Invalid("is required", f"[{i}].{key}")
+        if any(p.address == fields["address"] for p in peers):
+            raise _Invalid(f"{show(item['address'])} is a peer already", f"[{i}].address")
+        peers.append(BgpPeer(**fields))
+    return tuple(peers)
+
+
+def _render_peers(peers: tuple[BgpPeer, ...]) -> list[dict[str, object]]:
+    return [
+        {
+            "address": p.address,
+            "asn": p.asn,
+            "port": p.port,
+            "password": p.password,
+            "holdTime": format_duration(p.hold_time),
+            "nodeSelector": dict(p.node_selector),
+        }
+        for p in peers
+    ]
+
+
 def _render_networks(networks: tuple[IPNetwork, ...]) -> list[str]:
     return [str(n) for n in networks]
 
@@ -350,6 +452,19 @@ SCHEMA: Schema = {
             "routablePrefixes": _CIDRS_FIELD,
         },
         "stateSocket": _Field(_socket_path),
+        "bgp": {
+            "enabled": _Field(_boolean),
+            "asn": _Field(_asn),
+            "routerID": _Field(_router_id),
+            "peers": _Field(_bgp_peers, _render_peers),
+            "announce": {
+                "loadBalancerIPs": _Field(_boolean),
+                "externalIPs": _Field(_boolean),
+                "clusterIPs": _Field(_choice(CLUSTER_IP_MODES)),
+            },
+            "gracefulRestartTime": _Field(_restart_time, format_duration),
+            "directory": _Field(_socket_path),
+        },
     },
 }
 
@@ -403,7 +518,7 @@ def parse_fields(
     return out
 
 
-def _unknown_field(key: str, schema: Schema) -> str:
+def _unknown_field(key: str, schema: Collection[str]) -> str:
     known = sorted(schema)
     close = difflib.get_close_matches(key, known, n=1)
     return "unknown field; " + (

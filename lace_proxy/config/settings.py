@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from lace_proxy.config.bgp import LaceBgpConfig
 from lace_proxy.config.schema import SCHEMA, IPNetwork, render
 
 UPSTREAM_API_VERSION = "kubeproxy.config.k8s.io/v1alpha1"
@@ -132,6 +133,7 @@ class LaceConfig:
     # Where the running proxy answers `lace-proxy services`/`endpoints` (read-only, root
     # only); "" serves nothing.
     state_socket: str = "/run/lace-proxy/state.sock"
+    bgp: LaceBgpConfig = field(default_factory=LaceBgpConfig)
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,14 +41,18 @@ from lace_proxy.model.fields import (
 )
 from lace_proxy.model.node import MTU_ANNOTATION, ZONE_LABEL, Node
 from lace_proxy.model.service import (
+    BGP_ADVERTISE_ANNOTATION,
+    BGP_COMMUNITIES_ANNOTATION,
     DEFAULT_AFFINITY_TIMEOUT,
     HEADLESS_LABEL,
     IPVS_SCHEDULER_ANNOTATION,
     IPVS_SCHEDULERS,
     KUBE_ROUTER_SCHEDULER_ANNOTATION,
     SERVICE_PROXY_NAME_LABEL,
+    BgpAnnotations,
     Service,
     ServicePort,
+    community,
 )
 from lace_proxy.model.servicecidr import ServiceCIDR
 
@@ -149,6 +153,7 @@ def parse_service(obj: dict[str, Any]) -> Service:
         proxy_name=labels.get(SERVICE_PROXY_NAME_LABEL),
         labels=sorted_pairs(labels),
         ipvs_scheduler=_ipvs_scheduler(s, meta),
+        bgp=_bgp(s, meta),
     )
 
 
@@ -257,6 +262,31 @@ def _ipvs_scheduler(s: Subject, meta: dict[str, Any]) -> str | None:
             s.fail(field, scheduler, reason, "invalid_scheduler")
         return scheduler
     return None
+
+
+def _bgp(s: Subject, meta: dict[str, Any]) -> BgpAnnotations | None:
+    """The BGP annotations (BGP_ADVERTISE_ANNOTATION, BGP_COMMUNITIES_ANNOTATION); None when
+    neither is set. An empty value counts as unset."""
+    annotations = as_mapping(s, meta.get("annotations"), "metadata.annotations")
+    field = f'metadata.annotations["{BGP_ADVERTISE_ANNOTATION}"]'
+    text = opt_str(s, annotations.get(BGP_ADVERTISE_ANNOTATION), field)
+    advertise = None
+    if text is not None:
+        if text.lower() not in ("true", "false"):
+            s.fail(field, text, 'must be "true" or "false"', "invalid_bgp_advertise")
+        advertise = text.lower() == "true"
+    field = f'metadata.annotations["{BGP_COMMUNITIES_ANNOTATION}"]'
+    text = opt_str(s, annotations.get(BGP_COMMUNITIES_ANNOTATION), field)
+    communities: set[str] = set()
+    for item in (text or "").split(","):
+        if item.strip():
+            try:
+                communities.add(community(item))
+            except ValueError as exc:
+                s.fail(field, text, str(exc), "invalid_bgp_community")
+    if advertise is None and not communities:
+        return None
+    return BgpAnnotations(advertise, tuple(sorted(communities)))
 
 
 def _affinity_timeout(s: Subject, spec: dict[str, Any]) -> int:

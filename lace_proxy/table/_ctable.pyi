@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Final
 
 from lace_proxy.model.endpointslice import EndpointSlice
-from lace_proxy.model.service import Service
+from lace_proxy.model.service import BgpAnnotations, Service
 from lace_proxy.table.changeset import Access, Changeset, Frontend
 
 IMPLEMENTATION: Final[str]
@@ -74,6 +74,8 @@ class Plan:
     def access(self) -> Access | None: ...
     @property
     def scheduler(self) -> str: ...
+    @property
+    def bgp(self) -> BgpAnnotations | None: ...
     @property
     def standby_backends(self) -> tuple[Backend, ...]: ...
     @property

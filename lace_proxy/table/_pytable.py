@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from lace_proxy.model.endpointslice import Endpoint, EndpointSlice
-from lace_proxy.model.service import Service
+from lace_proxy.model.service import BgpAnnotations, Service
 from lace_proxy.table.changeset import Access, Changeset, Frontend, plan_frontends
 from lace_proxy.table.claims import (
     Claims,
@@ -47,7 +47,8 @@ class Plan(NamedTuple):
     this node's endpoints, for the Local policies. A verdict of "reject"/"drop" replaces
     load balancing for internal (ClusterIP) or external (NodePort, ExternalIP, LB) traffic.
     `access` says which Lace networks may reach the frontends (None: no network model).
-    `scheduler` is the IPVS scheduler the service asks for ("": the configured default).
+    `scheduler` is the IPVS scheduler the service asks for ("": the configured default),
+    `bgp` its BGP annotations (None: none set).
     `standby_backends` are the serving endpoints neither set uses (terminating ones while
     others are ready, those left out by topology or a Local policy): no new flow goes to
     them, but the flows they already have stay (UDP conntrack cleanup spares them, as
@@ -76,6 +77,7 @@ class Plan(NamedTuple):
     access: Access | None = None
     scheduler: str = ""
     standby_backends: tuple[Backend, ...] = ()
+    bgp: BgpAnnotations | None = None
 
     @property
     def internal_backends(self) -> tuple[Backend, ...]:
@@ -332,6 +334,7 @@ class ServiceTable:
                     access,
                     scheduler,
                     standby,
+                    svc.bgp,
                 )
         return plans
 

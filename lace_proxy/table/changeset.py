@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
+from lace_proxy.model.service import BgpAnnotations
+
 #: Frontend kinds, in the order `Plan.frontends()` yields them.
 CLUSTER_IP = "ClusterIP"
 NODE_PORT = "NodePort"
@@ -85,6 +87,8 @@ class Plan(Protocol):
     def access(self) -> Access | None: ...
     @property
     def scheduler(self) -> str: ...
+    @property
+    def bgp(self) -> BgpAnnotations | None: ...
     @property
     def standby_backends(self) -> tuple[Backend, ...]: ...
     @property

@@ -63,5 +63,6 @@ def plan_view(plan: Any) -> tuple[Any, ...]:
         plan.external_verdict,
         plan.health_check_node_port,
         plan.access,
+        plan.bgp,
         plan.scheduler,
     )

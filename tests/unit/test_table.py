@@ -8,7 +8,7 @@ from types import ModuleType
 from typing import Any
 
 from lace_proxy.model.endpointslice import EndpointPort
-from lace_proxy.model.service import ServicePort
+from lace_proxy.model.service import BgpAnnotations, ServicePort
 from lace_proxy.table.changeset import CLUSTER_IP, EXTERNAL_IP, LOAD_BALANCER, NODE_PORT, Access
 
 from .tablekit import ep, eps, plan_view, svc
@@ -383,6 +383,7 @@ def random_cluster(seed: int) -> list[Any]:
                 session_affinity=rng.random() < 0.3,
                 # From i, not rng: the random stream (and so the cases) stays as it was.
                 ipvs_scheduler=(None, "rr", "mh")[i % 3],
+                bgp=(None, BgpAnnotations(True, ("65000:1",)), BgpAnnotations(False))[i % 3],
             )
         )
         for fam in (4, 6) if dual else (4,):
@@ -675,6 +676,25 @@ def test_a_scheduler_change_alone_is_an_update(twin: ModuleType) -> None:
     table.upsert_service(svc())
     ((old, new),) = table.build().updated
     assert (old.scheduler, new.scheduler) == ("sh", "")
+
+
+def test_plan_carries_the_services_bgp_annotations_and_a_change_of_them_alone_updates(
+    twin: ModuleType,
+) -> None:
+    table = built(twin, svc(ips=("10.96.0.10", "fd00::10")), eps(ep("10.0.0.1")))
+    assert {p.bgp for p in table.plans()} == {None}
+    annotated = BgpAnnotations(True, ("65000:100",))
+    table.upsert_service(svc(ips=("10.96.0.10", "fd00::10"), bgp=annotated))
+    change = table.build()
+    assert not change.added and not change.removed and len(change.updated) == 2
+    for old, new in change.updated:
+        assert (old.bgp, new.bgp) == (None, annotated)
+        assert plan_view(old)[:-2] == plan_view(new)[:-2]  # nothing else changed
+    table.commit()
+    table.upsert_service(
+        svc(ips=("10.96.0.10", "fd00::10"), bgp=BgpAnnotations(True, ("65000:100",)))
+    )
+    assert not table.build()  # an equal value is no change
 
 
 def test_scheduler_survives_a_frontend_conflict(twin: ModuleType) -> None:
