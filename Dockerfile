@@ -20,7 +20,7 @@ RUN pip wheel --no-cache-dir --wheel-dir /wheels . \
 FROM python:${PYTHON_VERSION}-slim-${DEBIAN}
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
-        nftables iproute2 conntrack ipvsadm iptables ipset \
+        nftables iproute2 conntrack ipvsadm iptables ipset bird2 \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir --no-index --find-links /wheels lace-proxy \

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lace_proxy import __version__, implementation
+from lace_proxy.bgp.announcer import Announcer
+from lace_proxy.bgp.speaker import Speaker
 from lace_proxy.config import ProxyConfig
 from lace_proxy.dataplane.base import Dataplane
 from lace_proxy.dataplane.conntrack import Conntrack
@@ -101,6 +103,14 @@ def egress_settings(cfg: ProxyConfig) -> EgressSettings:
     )
 
 
+def bgp_announcer(cfg: ProxyConfig, metrics: ProxyMetrics) -> Announcer | None:
+    """The BGP announcer with its speaker (BIRD), or None (lace.bgp.enabled false)."""
+    if not cfg.lace.bgp.enabled:
+        return None
+    cidrs = tuple(str(n) for n in cfg.lace.service_cidrs)
+    return Announcer(Speaker(cfg.lace.bgp), cidrs, metrics)
+
+
 def egress_controller(cfg: ProxyConfig, metrics: ProxyMetrics) -> EgressController | None:
     """The controller following routes into the egress table, or None (off)."""
     if not cfg.lace.egress.enabled:
@@ -163,6 +173,7 @@ def run(
         kubeconfig = kubeconfig or cfg.client_connection.kubeconfig
         name, where = KUBE, master or kubeconfig or "in-cluster config"
     egress = egress_controller(cfg, metrics)
+    announcer = bgp_announcer(cfg, metrics)
     proxier = Proxier(
         table,
         backend,
@@ -176,6 +187,7 @@ def run(
         pod_networks=egress.set_pod_networks if egress is not None else None,
         node_pod_cidrs=egress.set_node_pod_cidrs if egress is not None else None,
         takeover=_take_over_from_kube_proxy if cleanup_kube_proxy else None,
+        announce=announcer.sync if announcer is not None else None,
     )
     state = StateServer(cfg.lace.state_socket, proxier) if cfg.lace.state_socket else None
     if name == FILES:
@@ -219,6 +231,8 @@ def run(
         finally:
             if egress is not None:
                 egress.stop()
+            if announcer is not None:  # routers keep the routes while lace-proxy restarts
+                await loop.run_in_executor(None, announcer.stop)
             await service_health.stop()
             if state is not None:
                 await state.stop()

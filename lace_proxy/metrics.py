@@ -21,6 +21,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
 from lace_proxy import __version__, implementation
+from lace_proxy.bgp import PEER_STATES
 
 if TYPE_CHECKING:
     from lace_proxy.table import Plan
@@ -246,6 +247,29 @@ class ProxyMetrics:
         )
         for result in ("rescued", "unrescued"):
             self._udp_flows_moved.labels(result)
+        self._bgp_peers = Gauge(
+            "lace_proxy_bgp_peers",
+            "This node's BGP peers by session state (Established, Active, ...; Down: the"
+            " speaker does not run or has no session yet)",
+            ["state"],
+            registry=r,
+        )
+        self._bgp_routes = Gauge(
+            "lace_proxy_bgp_announced_routes",
+            "Routes this node announces by BGP (service addresses, service CIDR aggregates)",
+            registry=r,
+        )
+        self._bgp_errors = Counter(
+            "lace_proxy_bgp_errors",
+            "BGP speaker failures, by kind (failed: BIRD refused the configuration or could"
+            " not be run; restarted: BIRD was found dead and started again)",
+            ["kind"],
+            registry=r,
+        )
+        for kind in ("failed", "restarted"):
+            self._bgp_errors.labels(kind)
+        for state in PEER_STATES:
+            self._bgp_peers.labels(state)
         Gauge(
             "lace_proxy_build_info",
             "lace-proxy's version and service table build (compiled or pure); always 1",
@@ -368,6 +392,17 @@ class ProxyMetrics:
         """A sync moved UDP flows off endpoints, rescuing the replies in flight of `rescued`."""
         self._udp_flows_moved.labels("rescued").inc(rescued)
         self._udp_flows_moved.labels("unrescued").inc(unrescued)
+
+    def record_bgp(self, peer_states: Iterable[str], routes: int) -> None:
+        """The BGP peers' states and the number of routes announced, as last seen."""
+        counts = collections.Counter(peer_states)
+        for state in {*PEER_STATES, *counts}:
+            self._bgp_peers.labels(state).set(counts.get(state, 0))
+        self._bgp_routes.set(routes)
+
+    def record_bgp_error(self, kind: str) -> None:
+        """A BGP speaker failure: "failed" or "restarted"."""
+        self._bgp_errors.labels(kind).inc()
 
     def record_healthz(self, code: int) -> None:
         self._healthz.labels(str(code)).inc()

@@ -30,7 +30,7 @@ from lace_proxy.metrics import ProxyMetrics
 from lace_proxy.model import EndpointSlice, LaceObject, Node, Service, ServiceCIDR
 from lace_proxy.networks.graph import Condition, NetworkLayout
 from lace_proxy.networks.view import NetworkView
-from lace_proxy.table import Access, ServiceTable
+from lace_proxy.table import Access, Plan, ServiceTable
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,7 @@ class Proxier:
         pod_networks: Callable[[tuple[str, ...]], None] | None = None,
         node_pod_cidrs: Callable[[tuple[str, ...]], None] | None = None,
         takeover: Callable[[], None] | None = None,
+        announce: Callable[[Iterable[Plan], NetworkLayout, Node | None], None] | None = None,
     ) -> None:
         self.table = table
         self.dataplane = dataplane
@@ -106,6 +107,10 @@ class Proxier:
         # left (kube-proxy's rules) goes only once lace-proxy's serve (a switch-over loses
         # no connection). A full sync follows, in case it removed kernel state both shared.
         self._takeover = takeover
+        # Told every plan, the layout and this node's Node after each successful sync (BGP:
+        # what this node announces). Its failures are its own: it never fails a sync.
+        self._announce = announce
+        self.node: Node | None = None  # this node's Node object, once a source has it
 
     # -- change tracker (called by sources, on the loop) --
 
@@ -194,6 +199,7 @@ class Proxier:
 
     def node_upserted(self, node: Node) -> None:
         if node.name == self.table.node_name:
+            self.node = node
             self.table.set_node(node.name, node.zone)
             self.health.node_eligible(is_node_eligible(node.deleting))
             internal = tuple(a for kind, a in node.addresses if kind == "InternalIP")
@@ -204,6 +210,7 @@ class Proxier:
 
     def node_deleted(self, name: str) -> None:
         if name == self.table.node_name:
+            self.node = None
             self.table.set_node(name, None)
             self.health.node_eligible(False)
             if self.dataplane.node_addresses_changed(()):
@@ -386,6 +393,10 @@ class Proxier:
             await self.service_health.sync(self._hc_ports.mapping())
         self.stats.last_sync_time = time.time()
         self.stats.last_error = None
+        if self._announce is not None:
+            await loop.run_in_executor(
+                self._executor, self._announce, list(self.table.plans()), self.layout(), self.node
+            )
         if self._takeover is not None:
             takeover, self._takeover = self._takeover, None
             await loop.run_in_executor(self._executor, takeover)

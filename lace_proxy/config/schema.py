@@ -284,8 +284,8 @@ def _router_id(value: object) -> str | None:
 
 def _hold_time(value: object) -> float:
     seconds = _duration(value)
-    if seconds and not 3 <= seconds <= 65535:
-        raise _bad(value, "0s or 3s to 65535s (a BGP hold time)")
+    if not 3 <= seconds <= 65535:
+        raise _bad(value, "3s to 65535s (a BGP hold time)")
     return seconds
 
 
@@ -297,8 +297,12 @@ def _restart_time(value: object) -> float:
 
 
 def _password(value: object) -> str:
+    """A TCP MD5 key: printable ASCII without quotes or backslashes (it is written into the
+    speaker's configuration), at most 80 bytes."""
     text = _string(value)
-    if len(text.encode()) > 80:
+    if not all(" " <= c <= "~" and c not in '"\\' for c in text):
+        raise _Invalid("may hold printable ASCII only, without quotes or backslashes")
+    if len(text) > 80:
         raise _Invalid("is longer than 80 bytes (the TCP MD5 key's limit)")
     return text
 

@@ -109,7 +109,7 @@ class Harness:
     IPVS (plus nftables without translation; needs an IPVS kernel: tests/vm); `pod_networks`
     is told the pod networks' prefixes at each sync and `node_pod_cidrs` the Node's podCIDRs
     when they change (the egress controller's hooks); `udp_flows_moved` gets what the metric
-    lace_proxy_udp_flows_moved would count.
+    lace_proxy_udp_flows_moved would count; `announce` is the BGP announcer's hook.
     """
 
     def __init__(
@@ -126,6 +126,7 @@ class Harness:
         node_pod_cidrs: Callable[[tuple[str, ...]], None] | None = None,
         udp_flows_moved: Callable[[int, int], None] | None = None,
         verify_every: int = 1,
+        announce: Callable[..., None] | None = None,
         **settings: Any,
     ) -> None:
         self.tb = tb
@@ -155,6 +156,7 @@ class Harness:
             routes=self.routes,
             pod_networks=pod_networks,
             node_pod_cidrs=node_pod_cidrs,
+            announce=announce,
         )
         self.source = ManifestSource(folder, self.proxier, self.rejections)
         self.proxier.synced(SOURCE_NAME)

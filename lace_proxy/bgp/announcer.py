@@ -1,0 +1,67 @@
+"""The proxier's hook for BGP: after each successful sync, what this node announces is
+worked out from the plans (announce.py) and handed to the speaker (speaker.py).
+
+The speaker is looked at first: one found dead is started again (logged, counted). A
+speaker that fails is logged and counted and never fails the sync: the kernel's programming
+does not depend on BGP, and the next sync tries again. Nothing is announced before the
+Node object gives this node's InternalIP (the routes' next hop).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from lace_proxy.bgp.announce import routes
+from lace_proxy.bgp.bird import BirdError, NodeFacts
+from lace_proxy.bgp.speaker import Speaker
+from lace_proxy.metrics import ProxyMetrics
+from lace_proxy.model import Node
+from lace_proxy.networks.graph import NetworkLayout
+from lace_proxy.table import Plan
+
+log = logging.getLogger(__name__)
+
+
+class Announcer:
+    """Keeps the speaker announcing what the plans say (see the module's docstring)."""
+
+    def __init__(
+        self,
+        speaker: Speaker,
+        service_cidrs: tuple[str, ...] = (),
+        metrics: ProxyMetrics | None = None,
+    ) -> None:
+        self.speaker = speaker
+        self.settings = speaker.settings
+        self._service_cidrs = service_cidrs  # lace.serviceCIDRs, beside ServiceCIDR objects'
+        self._metrics = metrics or ProxyMetrics()
+        self._waiting = False  # logged once: no InternalIP yet
+
+    def sync(self, plans: Iterable[Plan], layout: NetworkLayout, node: Node | None) -> None:
+        """Announce what `plans` say for this node (`node`: its Node object, if known)."""
+        internal = tuple(a for kind, a in node.addresses if kind == "InternalIP") if node else ()
+        if not internal:
+            if not self._waiting:
+                log.warning("BGP: nothing announced until this node's InternalIP is known")
+            self._waiting = True
+            return
+        self._waiting = False
+        cidrs = (*self._service_cidrs, *layout.service_cidrs)
+        wanted = routes(plans, self.settings.announce, layout, cidrs)
+        restarts = self.speaker.restarts
+        try:
+            self.speaker.check()
+            if self.speaker.sync(NodeFacts(internal, node.labels if node else ()), wanted):
+                log.info("BGP: announcing %d routes", len(wanted))
+        except (BirdError, OSError) as exc:  # refused, or BIRD could not be run
+            log.error("BGP: %s; the speaker keeps what it announced", exc)
+            self._metrics.record_bgp_error("failed")
+        for _ in range(self.speaker.restarts - restarts):
+            self._metrics.record_bgp_error("restarted")
+        self._metrics.record_bgp([p.state for p in self.speaker.peers()], len(self.speaker.routes))
+
+    def stop(self) -> None:
+        """Stop the speaker, the routers keeping this node's routes for the graceful restart
+        time (lace-proxy is restarting, or the node is being drained by the operator)."""
+        self.speaker.stop()

@@ -1,0 +1,173 @@
+"""BIRD 2, the BGP speaker: its configuration, the routes it announces, its control socket.
+
+lace-proxy writes BIRD's whole configuration (`render_config`, from lace.bgp and the node)
+and the routes in two include files of a `protocol static` each (`render_routes`), then
+asks BIRD over its control socket to `configure`. BIRD works out the difference itself and
+sends only what changed, without resetting a session (a changed graceful restart time does
+reset it). Routes live in tables of their own: nothing reaches the kernel's.
+
+Everything written into the configuration is validated first (addresses, numbers, the
+communities' digits, a password without quotes: config/schema.py), so no value can add a
+statement; protocol names come from the peer's address.
+
+The control socket answers each command with lines `NNNN-text` (more follow), ` text` (the
+same code continued) and `NNNN text` (the last); codes 8000 and up are errors.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from lace_proxy.bgp.announce import Routes
+from lace_proxy.config.bgp import BgpPeer, LaceBgpConfig
+
+CONFIG, CONTROL, PID = "bird.conf", "bird.ctl", "bird.pid"
+ROUTES = {4: "routes4.conf", 6: "routes6.conf"}
+#: BIRD's answers that mean a configuration was taken (the second: a session restarts).
+CONFIGURED = (3, 4)
+
+
+class BirdError(Exception):
+    """BIRD refused a command (its code and message), or could not be reached."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What of this node the speaker's configuration needs: its InternalIPs (the next
+    hops; the router id by default) and labels (which peers select it)."""
+
+    addresses: tuple[str, ...]
+    labels: tuple[tuple[str, str], ...] = ()
+
+    def address(self, family: int) -> str | None:
+        return next((a for a in self.addresses if (6 if ":" in a else 4) == family), None)
+
+
+def protocol_name(peer: BgpPeer) -> str:
+    """The BGP protocol's name for a peer: from its address, so that reordering the peers
+    restarts no session."""
+    return "peer_" + peer.address.replace(".", "_").replace(":", "_")
+
+
+def peers_of(settings: LaceBgpConfig, node: NodeFacts) -> tuple[BgpPeer, ...]:
+    """The peers this node has: those whose node selector its labels match."""
+    labels = dict(node.labels)
+    return tuple(p for p in settings.peers if p.selects(labels))
+
+
+def render_config(settings: LaceBgpConfig, node: NodeFacts, directory: str) -> str:
+    """BIRD's configuration for this node (see the module's docstring)."""
+    router_id = settings.router_id or node.address(4)
+    if router_id is None:
+        raise BirdError("lace.bgp.routerID is required on a node without an IPv4 InternalIP")
+    lines = [
+        "# lace-proxy's BGP speaker: written by lace-proxy at every change, not to be edited.",
+        "log stderr { info, remote, warning, error, auth, fatal, bug };",
+        f"router id {router_id};",
+        "graceful restart wait 10;",
+        "protocol device { scan time 10; }",
+    ]
+    for family in (4, 6):
+        lines += [
+            f"ipv{family} table lace_svc{family};",
+            f"protocol static lace_routes{family} {{",
+            f"  ipv{family} {{ table lace_svc{family}; }};",
+            f'  include "{Path(directory, ROUTES[family])}";',
+            "}",
+        ]
+    for peer in peers_of(settings, node):
+        local = node.address(6 if ":" in peer.address else 4)
+        lines += [
+            f"protocol bgp {protocol_name(peer)} {{",
+            f"  local {local + ' ' if local else ''}as {settings.asn};",
+            f"  neighbor {peer.address} port {peer.port} as {peer.asn};",
+            f"  hold time {int(peer.hold_time)};",
+            "  connect delay time 1;",
+            "  connect retry time 5;",
+            "  graceful restart on;",
+            f"  graceful restart time {int(settings.graceful_restart_time)};",
+        ]
+        if peer.password:
+            lines.append(f'  password "{peer.password}";')
+        for family in (4, 6):
+            hop = node.address(family)
+            if hop is not None:  # routes of a family need a next hop of it
+                lines.append(
+                    f"  ipv{family} {{ table lace_svc{family}; import none; "
+                    f"export filter {{ bgp_next_hop = {hop}; accept; }}; }};"
+                )
+        lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def render_routes(routes: Routes, family: int) -> str:
+    """The include file of one family's routes: a blackhole static route each (it never
+    reaches the kernel), with its communities."""
+    out = []
+    for prefix, communities in routes.items():
+        if (6 if ":" in prefix else 4) != family:
+            continue
+        attributes = "".join(
+            f"bgp_community.add(({c.replace(':', ',')})); "
+            if c.count(":") == 1
+            else f"bgp_large_community.add(({c.replace(':', ',')})); "
+            for c in communities
+        )
+        out.append(f"route {prefix} blackhole" + (f" {{ {attributes}}};" if attributes else ";"))
+    return "".join(line + "\n" for line in out)
+
+
+def write_if_changed(path: Path, text: str) -> bool:
+    """Replace a file atomically (a rename) if its text differs; whether it did."""
+    try:
+        if path.read_text() == text:
+            return False
+    except FileNotFoundError:
+        pass
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(temporary, path)
+    return True
+
+
+def command(control: Path, text: str, timeout: float = 30.0) -> list[tuple[int, str]]:
+    """One command over BIRD's control socket: its answer's lines (code, text). Raises
+    BirdError if BIRD refuses it or cannot be reached."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(str(control))
+            with sock.makefile("rwb") as stream:
+                _answer(stream)  # the greeting: 0001 BIRD 2.x ready.
+                stream.write(text.encode() + b"\n")
+                stream.flush()
+                lines = _answer(stream)
+    except OSError as exc:
+        raise BirdError(f"BIRD's control socket {control}: {exc.strerror or exc}") from exc
+    code, message = lines[-1]
+    if code >= 8000:
+        raise BirdError(f"BIRD refused {text!r}: {message}")
+    return lines
+
+
+def _answer(stream: io.BufferedIOBase) -> list[tuple[int, str]]:
+    lines: list[tuple[int, str]] = []
+    code = 0
+    while True:
+        raw = stream.readline()
+        if not raw:
+            raise ConnectionError("BIRD closed its control socket")
+        line = raw.decode(errors="replace").rstrip("\n")
+        if len(line) >= 5 and line[:4].isdigit() and line[4] in "- ":
+            code = int(line[:4])
+            lines.append((code, line[5:]))
+            if line[4] == " ":
+                return lines
+        else:
+            lines.append((code, line[1:]))

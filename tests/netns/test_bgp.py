@@ -1,0 +1,151 @@
+"""BGP announcements through BIRD (the node's speaker) to a real router (FRR's bgpd), each in
+a network namespace of the testbed: the node, and the client's side of the uplink as the
+cluster host network's router."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lace_proxy.bgp.announcer import Announcer
+from lace_proxy.bgp.bird import NodeFacts
+from lace_proxy.bgp.speaker import Speaker
+from lace_proxy.config.bgp import BgpPeer, LaceBgpConfig
+from lace_proxy.demo.addresses import CLIENT4, UPLINK_NODE4, UPLINK_NODE6
+from lace_proxy.demo.testbed import Testbed
+from lace_proxy.metrics import ProxyMetrics
+from lace_proxy.model.service import BGP_ADVERTISE_ANNOTATION, BGP_COMMUNITIES_ANNOTATION
+
+from .bgpkit import FrrRouter
+from .proxykit import LB4, LB6, NODE, OTHER_NODE, Harness, endpoints, service
+
+pytestmark = pytest.mark.netns
+
+NODE_ASN, ROUTER_ASN = 65001, 65000
+FACTS = NodeFacts((UPLINK_NODE4, UPLINK_NODE6))
+
+
+@pytest.fixture
+def router(testbed: Testbed, tmp_path: Path) -> Iterator[FrrRouter]:
+    neighbors = {UPLINK_NODE4: NODE_ASN}
+    with FrrRouter(testbed.client.ns.name, tmp_path / "frr", ROUTER_ASN, CLIENT4, neighbors) as r:
+        yield r
+
+
+@pytest.fixture
+def speaker(testbed: Testbed, tmp_path: Path) -> Iterator[Speaker]:
+    settings = LaceBgpConfig(
+        enabled=True,
+        asn=NODE_ASN,
+        peers=(BgpPeer(CLIENT4, ROUTER_ASN, hold_time=9),),
+        graceful_restart_time=60,
+        directory=str(tmp_path / "bird"),
+    )
+    s = Speaker(settings, netns=testbed.node.ns.name)
+    try:
+        yield s
+    finally:
+        s.stop(withdraw=True)
+
+
+def both(router: FrrRouter) -> dict[str, tuple[str, tuple[str, ...], bool]]:
+    return {**router.routes(4), **router.routes(6)}
+
+
+def test_routes_appear_with_the_nodes_address_and_go_without_a_session_reset(
+    router: FrrRouter, speaker: Speaker
+) -> None:
+    speaker.sync(FACTS, {"192.0.2.10/32": ("65000:100", "65001:1:2"), "fd00:96::12/128": ()})
+    want = {
+        "192.0.2.10/32": (UPLINK_NODE4, ("65000:100", "65001:1:2"), False),
+        "fd00:96::12/128": (UPLINK_NODE6, (), False),
+    }
+    assert router.wait_for("routes", lambda: both(router) == want and both(router)) == want
+    assert [p.state for p in speaker.peers()] == ["Established"]
+    speaker.sync(FACTS, {"fd00:96::12/128": ()})  # 192.0.2.10 withdrawn
+    router.wait_for("withdrawal", lambda: "192.0.2.10/32" not in both(router))
+    assert both(router) == {"fd00:96::12/128": want["fd00:96::12/128"]}
+    assert router.peer(UPLINK_NODE4)["connectionsEstablished"] == 1  # no session reset
+    assert not speaker.sync(FACTS, {"fd00:96::12/128": ()})  # the same again: nothing to do
+
+
+def test_a_killed_bird_is_started_again_and_the_router_keeps_the_routes(
+    router: FrrRouter, speaker: Speaker
+) -> None:
+    routes = {"192.0.2.10/32": ()}
+    speaker.sync(FACTS, routes)
+    router.wait_for("the route", lambda: "192.0.2.10/32" in router.routes(4))
+    assert speaker._process is not None
+    os.kill(speaker._process.pid, signal.SIGKILL)
+    speaker._process.wait()
+    # Graceful restart: the router keeps the route, stale, while the speaker is away.
+    router.wait_for(
+        "the session's end", lambda: router.peer(UPLINK_NODE4)["state"] != "Established"
+    )
+    assert router.routes(4)["192.0.2.10/32"][2] is True  # stale, not withdrawn
+    assert speaker.check()  # found dead, counted, started again
+    assert speaker.restarts == 1
+    router.wait_for(
+        "the route refreshed",
+        lambda: router.routes(4).get("192.0.2.10/32", ("", (), True))[2] is False,
+    )
+    assert router.peer(UPLINK_NODE4)["connectionsEstablished"] == 2
+
+
+def node_object() -> dict[str, object]:
+    addresses = [{"type": "InternalIP", "address": a} for a in (UPLINK_NODE4, UPLINK_NODE6)]
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": NODE, "labels": {"rack": "r1"}},
+        "status": {"addresses": addresses},
+    }
+
+
+def test_the_proxy_announces_a_local_policy_service_while_it_has_a_ready_endpoint_here(
+    testbed: Testbed, router: FrrRouter, speaker: Speaker, tmp_path: Path
+) -> None:
+    """The whole pipeline: manifests, table, proxier, announcer, BIRD, the router. Under
+    externalTrafficPolicy Local the LB IP is announced while this node has a ready endpoint
+    and withdrawn by the sync that sees the last one leave; the annotations opt out and add
+    communities; the metrics say what the router sees."""
+    metrics = ProxyMetrics()
+    harness = Harness(testbed, tmp_path / "m", announce=Announcer(speaker, metrics=metrics).sync)
+    status = {"loadBalancer": {"ingress": [{"ip": LB4}, {"ip": LB6}]}}
+    spec = {"externalTrafficPolicy": "Local", "status": status}
+    web = service(
+        "web", ["10.96.0.10", "fd00:96::10"], type="LoadBalancer", node_port=30080, **spec
+    )
+    web["metadata"]["annotations"] = {BGP_COMMUNITIES_ANNOTATION: "65000:7"}
+    here = [endpoints("web", testbed.pods), endpoints("web", testbed.pods, v6=True)]
+    try:
+        harness.write("node", node_object())
+        harness.write("web", web, *here)
+        harness.sync()
+        want = {
+            f"{LB4}/32": (UPLINK_NODE4, ("65000:7",), False),
+            f"{LB6}/128": (UPLINK_NODE6, ("65000:7",), False),
+        }
+        router.wait_for("the LB IPs", lambda: both(router) == want)
+        elsewhere = [endpoints("web", testbed.pods, node=OTHER_NODE)]
+        elsewhere.append(endpoints("web", testbed.pods, v6=True, node=OTHER_NODE))
+        harness.write("web", web, *elsewhere)
+        harness.sync()
+        router.wait_for("the withdrawal", lambda: not both(router))
+        harness.write("web", web, *here)
+        harness.sync()
+        router.wait_for("the LB IPs again", lambda: both(router) == want)
+        web["metadata"]["annotations"] = {BGP_ADVERTISE_ANNOTATION: "false"}
+        harness.write("web", web, *here)
+        harness.sync()
+        router.wait_for("the opt-out", lambda: not both(router))
+        assert router.peer(UPLINK_NODE4)["connectionsEstablished"] == 1
+        exposition = metrics.exposition()[0].decode()
+        assert 'lace_proxy_bgp_peers{state="Established"} 1.0' in exposition
+        assert "lace_proxy_bgp_announced_routes 0.0" in exposition
+    finally:
+        harness.close()

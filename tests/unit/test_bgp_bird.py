@@ -1,0 +1,88 @@
+"""BIRD's configuration and route files as lace-proxy writes them, and its control socket
+when no BIRD answers (the real BIRD: tests/netns/test_bgp.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from lace_proxy.bgp.bird import (
+    BirdError,
+    NodeFacts,
+    command,
+    render_config,
+    render_routes,
+    write_if_changed,
+)
+from lace_proxy.config.bgp import BgpPeer, LaceBgpConfig
+
+SETTINGS = LaceBgpConfig(
+    enabled=True,
+    asn=65001,
+    peers=(
+        BgpPeer("10.250.0.254", 65000, hold_time=9, password="s3cret"),
+        BgpPeer("fd00:250::fe", 65000, port=1179, node_selector=(("rack", "r2"),)),
+    ),
+    graceful_restart_time=30,
+    directory="/run/bgp",
+)
+
+
+def test_the_configuration_for_a_dual_stack_node() -> None:
+    text = render_config(SETTINGS, NodeFacts(("10.250.0.1", "fd00:250::1")), "/run/bgp")
+    assert "router id 10.250.0.1;\n" in text
+    assert 'include "/run/bgp/routes4.conf";\n' in text
+    assert 'include "/run/bgp/routes6.conf";\n' in text
+    assert text.count("protocol bgp ") == 1  # the second peer selects rack r2 only
+    assert "protocol bgp peer_10_250_0_254 {\n" in text
+    assert "  local 10.250.0.1 as 65001;\n" in text
+    assert "  neighbor 10.250.0.254 port 179 as 65000;\n" in text
+    assert "  hold time 9;\n  " in text and "  graceful restart time 30;\n" in text
+    assert '  password "s3cret";\n' in text
+    assert "export filter { bgp_next_hop = 10.250.0.1; accept; }" in text
+    assert "export filter { bgp_next_hop = fd00:250::1; accept; }" in text
+
+
+def test_a_peer_selected_by_labels_and_a_node_of_one_family() -> None:
+    node = NodeFacts(("fd00:250::1",), (("rack", "r2"),))
+    settings = dataclasses.replace(SETTINGS, router_id="192.0.2.1")
+    text = render_config(settings, node, "/run/bgp")
+    assert "router id 192.0.2.1;\n" in text
+    assert "protocol bgp peer_fd00_250__fe {\n" in text
+    assert "  local fd00:250::1 as 65001;\n" in text
+    assert "  local as 65001;\n" in text  # no IPv4 address to speak from
+    assert "lace_svc4; import none" not in text  # no IPv4 next hop: no IPv4 routes
+    with pytest.raises(BirdError, match="routerID is required"):
+        render_config(SETTINGS, node, "/run/bgp")
+
+
+def test_route_files_carry_communities_by_kind() -> None:
+    routes = {
+        "192.0.2.10/32": ("65000:100", "65001:1:2"),
+        "198.51.100.7/32": (),
+        "fd00:96::12/128": ("65535:65281",),
+    }
+    assert render_routes(routes, 4) == (
+        "route 192.0.2.10/32 blackhole { bgp_community.add((65000,100)); "
+        "bgp_large_community.add((65001,1,2)); };\n"
+        "route 198.51.100.7/32 blackhole;\n"
+    )
+    assert render_routes(routes, 6) == (
+        "route fd00:96::12/128 blackhole { bgp_community.add((65535,65281)); };\n"
+    )
+    assert render_routes({}, 4) == ""
+
+
+def test_files_are_replaced_only_when_they_change(tmp_path: Path) -> None:
+    path = tmp_path / "routes4.conf"
+    assert write_if_changed(path, "a\n")
+    assert not write_if_changed(path, "a\n")
+    assert write_if_changed(path, "b\n") and path.read_text() == "b\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["routes4.conf"]  # no temporary left
+
+
+def test_no_bird_on_the_socket_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(BirdError, match=r"control socket .*bird.ctl"):
+        command(tmp_path / "bird.ctl", "show status")
