@@ -122,6 +122,27 @@ def render_routes(routes: Routes, family: int) -> str:
     return "".join(line + "\n" for line in out)
 
 
+def read_routes(directory: Path) -> Routes:
+    """The routes of the include files in `directory` (as render_routes writes them)."""
+    out: Routes = {}
+    for name in ROUTES.values():
+        try:
+            text = (directory / name).read_text()
+        except FileNotFoundError:
+            continue
+        for line in text.splitlines():
+            words = line.split()
+            if len(words) < 3 or words[0] != "route":
+                continue
+            communities = [
+                inner.replace(",", ":")
+                for part in line.split(".add((")[1:]
+                for inner in (part.split("))", 1)[0],)
+            ]
+            out[words[1]] = tuple(sorted(communities))
+    return dict(sorted(out.items()))
+
+
 def write_if_changed(path: Path, text: str) -> bool:
     """Replace a file atomically (a rename) if its text differs; whether it did."""
     try:

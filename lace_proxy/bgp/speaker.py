@@ -11,6 +11,7 @@ with the routers (BIRD's graceful restart) unless asked to withdraw them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import subprocess
 import time
@@ -47,6 +48,23 @@ class PeerState:
     address: str
     asn: int
     state: str
+
+
+def sessions(control: Path) -> dict[str, str]:
+    """Each BGP session BIRD runs (its protocol's name) with its state (PEER_STATES; "Idle"
+    for a session BIRD gives a reason instead); none if BIRD does not answer."""
+    states: dict[str, str] = {}
+    try:
+        answer = command(control, "show protocols")
+    except BirdError:
+        return states
+    for code, text in answer:
+        # name, protocol, table, state, since, info (the BGP state, or a reason)
+        words = text.split()
+        if code == 1002 and len(words) >= 4 and words[1] == "BGP":
+            info = words[5] if len(words) > 5 else ""
+            states[words[0]] = info if info in PEER_STATES[:-1] else "Idle"
+    return states
 
 
 class Speaker:
@@ -97,18 +115,9 @@ class Speaker:
         return True
 
     def peers(self) -> list[PeerState]:
-        """This node's peers with the state BIRD reports (`show protocols`); "Down" for one
-        BIRD does not know (yet), all of them if BIRD does not answer."""
-        states: dict[str, str] = {}
-        try:
-            for code, text in command(self.control, "show protocols"):
-                # name, protocol, table, state, since, info (the BGP state, or a reason)
-                words = text.split()
-                if code == 1002 and len(words) >= 4 and words[1] == "BGP":
-                    info = words[5] if len(words) > 5 else ""
-                    states[words[0]] = info if info in PEER_STATES[:-1] else "Idle"
-        except BirdError:
-            pass
+        """This node's peers with the state BIRD reports; "Down" for one BIRD does not know
+        (yet), all of them if BIRD does not answer."""
+        states = sessions(self.control)
         node = self._node or NodeFacts(())
         return [
             PeerState(p.address, p.asn, states.get(protocol_name(p), "Down"))
@@ -129,6 +138,18 @@ class Speaker:
                 self._process.kill()
                 self._process.wait()
             self._process = None
+
+    def cleanup(self) -> bool:
+        """`lace-proxy cleanup`: stop a BIRD answering here (ours or left by another
+        lace-proxy), its routes withdrawn at once, and remove its files; whether one ran."""
+        running = self._answers()
+        if running:
+            self.stop(withdraw=True)
+        for name in (CONFIG, PID, CONTROL, *ROUTES.values()):
+            (self.directory / name).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # not empty: files of someone else's
+            self.directory.rmdir()
+        return running
 
     def _answers(self) -> bool:
         try:

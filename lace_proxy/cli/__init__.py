@@ -1,7 +1,7 @@
 """The `lace-proxy` command: run the proxy, inspect its table and kernel state, clean up.
 
 Each command group registers its subcommands beside their handlers (`run`, `inspect`,
-`kernel`, `doctor`, `admin`); this module assembles them and runs one. Building the parser
+`kernel`, `bgp`, `doctor`, `admin`); this module assembles them and runs one. Building the parser
 imports nothing heavy, so `--help`, `version` and shell completion start fast: a handler
 imports what it needs (the proxy itself is `lace_proxy.app`'s).
 """
@@ -14,7 +14,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from lace_proxy.cli import admin, doctor, inspect, kernel, run
+from lace_proxy.cli import admin, bgp, doctor, inspect, kernel, run
 from lace_proxy.config import ConfigError
 from lace_proxy.dataplane.nft import NftError
 
@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="debug logging")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (run, inspect, kernel, doctor, admin):  # the order `--help` lists them in
+    for group in (run, inspect, kernel, bgp, doctor, admin):  # the order `--help` lists them in
         group.register(commands)
     return parser
 

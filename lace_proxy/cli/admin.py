@@ -86,6 +86,7 @@ same endpoint until they close.""",
 def cmd_cleanup(args: argparse.Namespace) -> int:
     """Remove lace-proxy's kernel state, or kube-proxy's leftovers; 1 if any stayed."""
     from lace_proxy.app import egress_settings, ipvs_settings, nftables_settings, routing_settings
+    from lace_proxy.bgp.speaker import Speaker
     from lace_proxy.dataplane.egress_snat import EgressSnat
     from lace_proxy.dataplane.ipvs import IpvsBackend
     from lace_proxy.dataplane.nft import Nft
@@ -124,6 +125,9 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
         f"policy rules at priority {routing.priority} and routes in table {routing.table}:"
         f" {count} removed"
     )
+    speaker = Speaker(cfg.lace.bgp)  # whether BGP is on or not: it may have been
+    done = "stopped, routes withdrawn" if speaker.cleanup() else "not running"
+    print(f"BGP speaker in {speaker.directory}: {done}")
     return 0
 
 

@@ -18,6 +18,7 @@ import yaml
 from lace_proxy.cli import build_parser
 from lace_proxy.cli.run import cmd_run
 from lace_proxy.config import ProxyConfig, add_config_flags, config_from_args, load_config
+from lace_proxy.config.bgp import BgpPeer, LaceBgpAnnounceConfig, LaceBgpConfig
 from lace_proxy.model import LACE_GROUP_VERSION
 from lace_proxy.sources.kube import resources as watched_resources
 
@@ -39,6 +40,26 @@ CONFIGMAP_TEMPLATE = "lace-proxy/templates/configmap.yaml"
 DASHBOARD = PROXY_CHART / "dashboards" / "lace-proxy.json"
 
 IPVS = {"mode": "ipvs"}
+BGP = {
+    "lace": {
+        "bgp": {
+            "enabled": True,
+            "asn": 4200000001,
+            "peers": [
+                {"address": "10.250.0.254", "asn": 65000},
+                {
+                    "address": "fd00:250::fe",
+                    "asn": 65000,
+                    "holdTime": "9s",
+                    "password": "s3cret",
+                    "nodeSelector": {"rack": "r2"},
+                },
+            ],
+            "announce": {"clusterIPs": "aggregate"},
+            "gracefulRestartTime": "30s",
+        }
+    }
+}
 HOST_LOCAL_READY = {"node": {"serviceCIDRs": ["10.96.0.0/12", "fd00:10:96::/112"]}}
 SERVICE_MONITOR = {"serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"r": "p"}}}
 EVERYTHING = {
@@ -84,6 +105,7 @@ VALUE_SETS = {
     "service-cidrs": HOST_LOCAL_READY,
     "service-monitor": SERVICE_MONITOR,
     "kube-proxy-cleanup": {"cleanupKubeProxy": True},
+    "bgp": BGP,
     "everything": EVERYTHING,
 }
 
@@ -250,6 +272,25 @@ def test_the_command_is_one_lace_proxy_runs(proxy_chart: helm_python.Chart, tmp_
     config = config_from_args(parser.parse_args(argv))
     assert config.hostname_override == "node-b"
     assert config.lace.service_cidrs == (net("10.96.0.0/12"), net("fd00:10:96::/112"))
+
+
+def test_bgp_is_in_the_configuration_and_may_bind_its_port(
+    proxy_chart: helm_python.Chart, tmp_path: Path
+) -> None:
+    bgp = loaded_config(proxy_chart, BGP, tmp_path).lace.bgp
+    assert bgp == LaceBgpConfig(
+        enabled=True,
+        asn=4200000001,
+        peers=(
+            BgpPeer("10.250.0.254", 65000),
+            BgpPeer("fd00:250::fe", 65000, 179, "s3cret", 9.0, (("rack", "r2"),)),
+        ),
+        announce=LaceBgpAnnounceConfig(cluster_ips="aggregate"),
+        graceful_restart_time=30.0,
+    )
+    added = container(daemonset(BGP, proxy_chart))["securityContext"]["capabilities"]["add"]
+    assert added == ["NET_ADMIN", "NET_BIND_SERVICE"]
+    assert "bgp" not in config_text(render(proxy_chart, {}))  # off: not written at all
 
 
 def test_nftables_mode_is_unprivileged(proxy_chart: helm_python.Chart) -> None:
@@ -634,6 +675,17 @@ BAD_VALUES = {
     "extra-kind": ({"extraConfig": {"kind": "Other"}}, "kind"),
     "extra-mode": ({"extraConfig": {"mode": "ipvs"}}, "mode"),
     "primary-and-cidrs": ({"nodePortAddresses": ["primary", "10.0.0.0/8"]}, "/nodePortAddresses"),
+    "bgp-without-peers": ({"lace": {"bgp": {"enabled": True, "asn": 1}}}, "/lace/bgp/peers"),
+    "bgp-without-asn": (
+        {"lace": {"bgp": {"enabled": True, "peers": [{"address": "10.0.0.1", "asn": 1}]}}},
+        "/lace/bgp/asn",
+    ),
+    "bgp-peer-without-asn": ({"lace": {"bgp": {"peers": [{"address": "10.0.0.1"}]}}}, "asn"),
+    "bgp-peer-quote": (
+        {"lace": {"bgp": {"peers": [{"address": "10.0.0.1", "asn": 1, "password": 'a"b'}]}}},
+        "/lace/bgp/peers/0/password",
+    ),
+    "bgp-cluster-ips": ({"lace": {"bgp": {"announce": {"clusterIPs": "all"}}}}, "clusterIPs"),
 }
 
 

@@ -4,16 +4,20 @@ cluster host network's router."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from lace_proxy.bgp.announcer import Announcer
 from lace_proxy.bgp.bird import NodeFacts
 from lace_proxy.bgp.speaker import Speaker
+from lace_proxy.cli import main
+from lace_proxy.config import LACE_API_VERSION
 from lace_proxy.config.bgp import BgpPeer, LaceBgpConfig
 from lace_proxy.demo.addresses import CLIENT4, UPLINK_NODE4, UPLINK_NODE6
 from lace_proxy.demo.testbed import Testbed
@@ -149,3 +153,44 @@ def test_the_proxy_announces_a_local_policy_service_while_it_has_a_ready_endpoin
         assert "lace_proxy_bgp_announced_routes 0.0" in exposition
     finally:
         harness.close()
+
+
+def test_the_bgp_command_shows_the_peers_state_and_the_routes(
+    router: FrrRouter, speaker: Speaker, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "proxy.yaml"
+    bgp = {
+        "enabled": True,
+        "asn": NODE_ASN,
+        "peers": [{"address": CLIENT4, "asn": ROUTER_ASN}],
+        "directory": str(speaker.directory),
+    }
+    header = {"apiVersion": LACE_API_VERSION, "kind": "KubeProxyConfiguration"}
+    config.write_text(yaml.safe_dump({**header, "lace": {"bgp": bgp}}))
+    argv = ["bgp", "--config", str(config), "--hostname-override", NODE, "-o", "json"]
+    speaker.sync(FACTS, {"192.0.2.10/32": ("65000:7",)})
+    router.wait_for("the session", lambda: router.peer(UPLINK_NODE4).get("state") == "Established")
+    assert main(argv) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown == {
+        "speaker": "running",
+        "peers": [{"address": CLIENT4, "asn": ROUTER_ASN, "state": "Established"}],
+        "routes": [{"prefix": "192.0.2.10/32", "communities": ["65000:7"]}],
+    }
+    speaker.stop(withdraw=True)
+    assert main(argv) == 1  # the speaker does not run: every peer Down
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["speaker"] == "not running"
+    assert [p["state"] for p in shown["peers"]] == ["Down"]
+
+
+def test_cleanup_withdraws_the_routes_and_removes_the_speakers_files(
+    router: FrrRouter, speaker: Speaker
+) -> None:
+    speaker.sync(FACTS, {"192.0.2.10/32": ()})
+    router.wait_for("the route", lambda: "192.0.2.10/32" in router.routes(4))
+    other = Speaker(speaker.settings)  # `lace-proxy cleanup`: not the process that runs BIRD
+    assert other.cleanup()
+    router.wait_for("the withdrawal", lambda: not router.routes(4))
+    assert not speaker.directory.exists()
+    assert not other.cleanup()  # nothing left

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 from lace_proxy.model.endpointslice import Endpoint, EndpointPort, EndpointSlice
@@ -66,3 +67,15 @@ def plan_view(plan: Any) -> tuple[Any, ...]:
         plan.bgp,
         plan.scheduler,
     )
+
+
+def built(twin: ModuleType, *objs: Any, node: str = "n1", zone: str | None = None) -> Any:
+    table = twin.ServiceTable(node, zone)
+    for obj in objs:
+        if hasattr(obj, "cluster_ips"):
+            table.upsert_service(obj)
+        else:
+            table.upsert_slice(obj)
+    table.build()
+    table.commit()
+    return table

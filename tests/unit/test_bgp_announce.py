@@ -12,23 +12,11 @@ from lace_proxy.model.service import BgpAnnotations, ServicePort
 from lace_proxy.networks.graph import NetworkLayout
 from lace_proxy.table.changeset import Access
 
-from .tablekit import ep, eps, svc
+from .tablekit import built, ep, eps, svc
 
 DEFAULT = LaceBgpAnnounceConfig()
 NO_MODEL = NetworkLayout()
 LB, EXTERNAL, VIP = "192.0.2.10", "198.51.100.7", "10.96.0.10"
-
-
-def table(twin: ModuleType, *objs: Any, node: str = "n1") -> Any:
-    t = twin.ServiceTable(node, None)
-    for obj in objs:
-        if hasattr(obj, "cluster_ips"):
-            t.upsert_service(obj)
-        else:
-            t.upsert_slice(obj)
-    t.build()
-    t.commit()
-    return t
 
 
 def lb(name: str = "web", policy: str = "Cluster", **kw: Any) -> Any:
@@ -43,7 +31,7 @@ def lb(name: str = "web", policy: str = "Cluster", **kw: Any) -> Any:
 
 
 def test_external_addresses_by_default_and_cluster_ips_only_when_asked(twin: ModuleType) -> None:
-    t = table(twin, lb(), eps(ep("10.0.0.1", node="n2")))
+    t = built(twin, lb(), eps(ep("10.0.0.1", node="n2")))
     assert routes(t.plans(), DEFAULT, NO_MODEL) == {f"{EXTERNAL}/32": (), f"{LB}/32": ()}
     per_service = LaceBgpAnnounceConfig(external_ips=False, cluster_ips="perService")
     assert routes(t.plans(), per_service, NO_MODEL) == {f"{LB}/32": (), f"{VIP}/32": ()}
@@ -57,13 +45,13 @@ def test_external_addresses_by_default_and_cluster_ips_only_when_asked(twin: Mod
 
 def test_local_policy_announces_only_where_a_ready_endpoint_is(twin: ModuleType) -> None:
     objs = (lb(policy="Local"), eps(ep("10.0.0.1", node="n2")))
-    assert routes(table(twin, *objs, node="n1").plans(), DEFAULT, NO_MODEL) == {}
-    assert set(routes(table(twin, *objs, node="n2").plans(), DEFAULT, NO_MODEL)) == {
+    assert routes(built(twin, *objs, node="n1").plans(), DEFAULT, NO_MODEL) == {}
+    assert set(routes(built(twin, *objs, node="n2").plans(), DEFAULT, NO_MODEL)) == {
         f"{EXTERNAL}/32",
         f"{LB}/32",
     }
     # The last local endpoint goes: withdrawn by the sync that sees it.
-    t = table(twin, *objs, node="n2")
+    t = built(twin, *objs, node="n2")
     t.upsert_slice(eps(ep("10.0.0.1", node="n1")))
     t.build()
     t.commit()
@@ -71,7 +59,7 @@ def test_local_policy_announces_only_where_a_ready_endpoint_is(twin: ModuleType)
 
 
 def test_nothing_for_a_service_without_ready_endpoints(twin: ModuleType) -> None:
-    t = table(twin, lb(), eps(ep("10.0.0.1", ready=False, serving=False)))
+    t = built(twin, lb(), eps(ep("10.0.0.1", ready=False, serving=False)))
     assert routes(t.plans(), DEFAULT, NO_MODEL) == {}
 
 
@@ -101,7 +89,7 @@ def test_the_annotation_opts_in_and_out_and_gives_communities(twin: ModuleType) 
         ),
         eps(ep("10.0.0.5"), service="b", ports=(EndpointPort("dns", "UDP", 53),)),
     )
-    assert routes(table(twin, *objs).plans(), DEFAULT, NO_MODEL) == {
+    assert routes(built(twin, *objs).plans(), DEFAULT, NO_MODEL) == {
         "198.51.100.8/32": ("65000:1", "65000:2", "65000:3"),
         "fd00:96::12/128": ("65000:1",),
     }
@@ -118,7 +106,7 @@ def test_under_the_lace_model_only_what_an_external_network_may_reach(twin: Modu
         ),
         pod_prefixes=(("10.0.0.0/16", "default"),),
     )
-    t = table(twin, lb(), eps(ep("10.0.0.1")))
+    t = built(twin, lb(), eps(ep("10.0.0.1")))
     for access, announced in (
         (None, True),  # no network model for this service: anyone may reach it
         (Access("default", ("default", "internet")), True),

@@ -11,19 +11,7 @@ from lace_proxy.model.endpointslice import EndpointPort
 from lace_proxy.model.service import BgpAnnotations, ServicePort
 from lace_proxy.table.changeset import CLUSTER_IP, EXTERNAL_IP, LOAD_BALANCER, NODE_PORT, Access
 
-from .tablekit import ep, eps, plan_view, svc
-
-
-def built(twin: ModuleType, *objs: Any, node: str = "n1", zone: str | None = None) -> Any:
-    table = twin.ServiceTable(node, zone)
-    for obj in objs:
-        if hasattr(obj, "cluster_ips"):
-            table.upsert_service(obj)
-        else:
-            table.upsert_slice(obj)
-    table.build()
-    table.commit()
-    return table
+from .tablekit import built, ep, eps, plan_view, svc
 
 
 def only_plan(table: Any) -> Any:

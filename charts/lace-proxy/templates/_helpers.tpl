@@ -120,6 +120,11 @@ schema accepts (or override one of these). Empty lists and strings are left out,
   "egress" $egress
 -}}
 {{- with $v.node.serviceCIDRs }}{{ $_ := set $lace "serviceCIDRs" . }}{{ end -}}
+{{- if $v.lace.bgp.enabled -}}
+{{- $bgp := pick $v.lace.bgp "enabled" "asn" "peers" "announce" "gracefulRestartTime" -}}
+{{- with $v.lace.bgp.routerID }}{{ $_ := set $bgp "routerID" . }}{{ end -}}
+{{- $_ := set $lace "bgp" $bgp -}}
+{{- end -}}
 {{- $_ := set $config "lace" $lace -}}
 {{- include "lace-proxy.deepMerge" (dict "dst" $config "src" (deepCopy $v.extraConfig)) -}}
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
