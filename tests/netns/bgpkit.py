@@ -42,6 +42,7 @@ class FrrRouter:
         argv = ["ip", "netns", "exec", namespace, BGPD, "-Z", "-n", "-S", "-P", "0"]
         argv += ["-f", str(folder / "bgpd.conf"), "-i", str(folder / "bgpd.pid")]
         argv += ["--vty_socket", str(folder), "--log", f"file:{folder / 'bgpd.log'}"]
+        (folder / "bgpd.vty").unlink(missing_ok=True)  # a previous bgpd's, in this folder
         self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while not (folder / "bgpd.vty").exists():
@@ -83,6 +84,15 @@ class FrrRouter:
                 )
                 out[prefix] = (hop, tuple(sorted(communities)), bool(path.get("stale")))
         return out
+
+    def next_hops(self, family: int) -> dict[str, set[str]]:
+        """Each prefix learned with the next hops of all its paths (one per announcing node)."""
+        af = "ipv6" if family == 6 else "ipv4"
+        shown = self.show(f"show bgp {af} unicast json")
+        return {
+            prefix: {hop["ip"] for path in paths for hop in path["nexthops"][:1]}
+            for prefix, paths in shown.get("routes", {}).items()
+        }
 
     def peer(self, address: str) -> dict[str, Any]:
         """The neighbor as `show bgp summary` has it (state, connectionsEstablished, ...)."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,12 +22,14 @@ from lace_proxy.cli import main
 from lace_proxy.config import LACE_API_VERSION
 from lace_proxy.config.bgp import BgpPeer, LaceBgpConfig
 from lace_proxy.demo.addresses import CLIENT4, UPLINK_NODE4, UPLINK_NODE6
-from lace_proxy.demo.testbed import Testbed
+from lace_proxy.demo.testbed import FABRIC4, Testbed
 from lace_proxy.metrics import ProxyMetrics
 from lace_proxy.model.service import BGP_ADVERTISE_ANNOTATION, BGP_COMMUNITIES_ANNOTATION
+from testkit.cluster_testbed import NODE_A4, NODE_ADDRESSES, NODE_B4, ClusterTestbed
 
 from .bgpkit import FrrRouter
 from .proxykit import LB4, LB6, NODE, OTHER_NODE, Harness, endpoints, service
+from .runkit import run_argv, write
 
 pytestmark = pytest.mark.netns
 
@@ -100,13 +104,13 @@ def test_a_killed_bird_is_started_again_and_the_router_keeps_the_routes(
     assert router.peer(UPLINK_NODE4)["connectionsEstablished"] == 2
 
 
-def node_object() -> dict[str, object]:
-    addresses = [{"type": "InternalIP", "address": a} for a in (UPLINK_NODE4, UPLINK_NODE6)]
+def node_object(name: str = NODE, *addresses: str) -> dict[str, object]:
+    internal = addresses or (UPLINK_NODE4, UPLINK_NODE6)
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": NODE, "labels": {"rack": "r1"}},
-        "status": {"addresses": addresses},
+        "metadata": {"name": name, "labels": {"rack": "r1"}},
+        "status": {"addresses": [{"type": "InternalIP", "address": a} for a in internal]},
     }
 
 
@@ -194,3 +198,142 @@ def test_cleanup_withdraws_the_routes_and_removes_the_speakers_files(
     router.wait_for("the withdrawal", lambda: not router.routes(4))
     assert not speaker.directory.exists()
     assert not other.cleanup()  # nothing left
+
+
+def test_two_nodes_only_the_one_with_the_local_endpoint_announces(
+    cluster: ClusterTestbed, tmp_path: Path
+) -> None:
+    """externalTrafficPolicy Local on the two-node testbed: the fabric (the router) learns
+    the LB IP from the node whose pod is the endpoint, with that node's next hop; when the
+    endpoint moves to the other node, the route moves with it. A Cluster service is
+    announced by both (the router has two paths: ECMP)."""
+    neighbors = {NODE_A4: NODE_ASN, NODE_B4: NODE_ASN}
+    nodes = [node_object(name, address) for name, address in NODE_ADDRESSES.items()]
+    local = service(
+        "local",
+        ["10.96.0.21"],
+        type="LoadBalancer",
+        node_port=30021,
+        externalTrafficPolicy="Local",
+        status={"loadBalancer": {"ingress": [{"ip": LB4}]}},
+    )
+    anywhere = service(
+        "anywhere",
+        ["10.96.0.22"],
+        type="LoadBalancer",
+        node_port=30022,
+        status={"loadBalancer": {"ingress": [{"ip": "10.252.0.22"}]}},
+    )
+    on = {
+        name: endpoints("local", [cluster.pods[pod]], node=name)
+        for name, pod in (("node-a", "a1"), ("node-b", "b1"))
+    }
+    with FrrRouter(
+        cluster.fabric.ns.name, tmp_path / "frr", ROUTER_ASN, FABRIC4, neighbors
+    ) as router:
+        proxies, speakers = [], []
+        try:
+            for name, host in cluster.nodes.items():
+                settings = LaceBgpConfig(
+                    enabled=True,
+                    asn=NODE_ASN,
+                    peers=(BgpPeer(FABRIC4, ROUTER_ASN, hold_time=9),),
+                    directory=str(tmp_path / name / "bird"),
+                )
+                speaker = Speaker(settings, netns=host.ns.name)
+                speakers.append(speaker)
+                proxy = Harness(
+                    cluster,
+                    tmp_path / name / "m",
+                    node=host,
+                    node_name=name,
+                    announce=Announcer(speaker).sync,
+                )
+                proxies.append(proxy)
+                proxy.write("nodes", *nodes)
+                proxy.write(
+                    "anywhere", anywhere, endpoints("anywhere", [cluster.pods["a1"]], node="node-a")
+                )
+            for where, hop in (("node-a", NODE_A4), ("node-b", NODE_B4)):
+                for proxy in proxies:
+                    proxy.write("local", local, on[where])
+                    proxy.sync()
+                want = {f"{LB4}/32": {hop}, "10.252.0.22/32": {NODE_A4, NODE_B4}}
+                router.wait_for(
+                    f"the LB IP from {where} only", lambda want=want: router.next_hops(4) == want
+                )
+        finally:
+            for proxy in proxies:
+                proxy.close()
+            for speaker in speakers:
+                speaker.stop(withdraw=True)
+
+
+def test_a_router_that_goes_away_and_comes_back_learns_the_routes_again(
+    testbed: Testbed, speaker: Speaker, tmp_path: Path
+) -> None:
+    neighbors = {UPLINK_NODE4: NODE_ASN}
+    start = (testbed.client.ns.name, tmp_path / "frr", ROUTER_ASN, CLIENT4, neighbors)
+    routes = {"192.0.2.10/32": ("65000:7",)}
+    with FrrRouter(*start) as router:
+        speaker.sync(FACTS, routes)
+        router.wait_for("the route", lambda: "192.0.2.10/32" in router.routes(4))
+    # The router is gone: the session is down, and the speaker says so.
+    deadline = time.monotonic() + 30
+    while speaker.peers()[0].state == "Established":
+        assert time.monotonic() < deadline, "the session outlived its router"
+        time.sleep(0.2)
+    assert speaker.peers()[0].state in ("Idle", "Connect", "Active")
+    speaker.sync(FACTS, routes)  # meanwhile: nothing changed, nothing refused
+    with FrrRouter(*start) as router:
+        router.wait_for("the route again", lambda: "192.0.2.10/32" in router.routes(4))
+        assert router.routes(4)["192.0.2.10/32"] == (UPLINK_NODE4, ("65000:7",), False)
+        assert [p.state for p in speaker.peers()] == ["Established"]
+
+
+def test_lace_proxy_run_announces_and_its_restart_keeps_the_routes(
+    testbed: Testbed, router: FrrRouter, tmp_path: Path
+) -> None:
+    """The product as it runs: `lace-proxy run` with lace.bgp starts BIRD and announces the LB
+    IP; stopped (SIGTERM), it leaves the route with the router (graceful restart: stale,
+    not withdrawn); started again, the route is refreshed."""
+    bgp = {
+        "enabled": True,
+        "asn": NODE_ASN,
+        "peers": [{"address": CLIENT4, "asn": ROUTER_ASN, "holdTime": "9s"}],
+        "directory": str(tmp_path / "bird"),
+    }
+    config = tmp_path / "proxy.yaml"
+    header = {"apiVersion": LACE_API_VERSION, "kind": "KubeProxyConfiguration"}
+    config.write_text(yaml.safe_dump({**header, "lace": {"bgp": bgp}}))
+    folder = tmp_path / "manifests"
+    folder.mkdir()
+    status = {"loadBalancer": {"ingress": [{"ip": LB4}]}}
+    web = service("web", ["10.96.0.10"], type="LoadBalancer", node_port=30080, status=status)
+    write(folder, node_object(), web, endpoints("web", testbed.pods))
+    argv = [
+        *run_argv(testbed, folder, "nftables", tmp_path / "state.sock"),
+        "--config",
+        str(config),
+    ]
+    lb = f"{LB4}/32"
+    try:
+        for run in (1, 2):
+            proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+            try:
+                router.wait_for(
+                    f"the route from run {run}",
+                    lambda: router.routes(4).get(lb, ("", (), True))[2] is False,
+                )
+                assert router.routes(4)[lb][0] == UPLINK_NODE4
+                assert router.peer(UPLINK_NODE4)["connectionsEstablished"] == run
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                _, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0 and "Traceback" not in err, err
+            router.wait_for(
+                "the session's end", lambda: router.peer(UPLINK_NODE4)["state"] != "Established"
+            )
+            assert router.routes(4)[lb][2] is True  # kept, stale: not withdrawn
+    finally:
+        Speaker(LaceBgpConfig(directory=str(tmp_path / "bird"))).cleanup()
