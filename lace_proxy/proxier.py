@@ -107,9 +107,15 @@ class Proxier:
         # left (kube-proxy's rules) goes only once lace-proxy's serve (a switch-over loses
         # no connection). A full sync follows, in case it removed kernel state both shared.
         self._takeover = takeover
-        # Told every plan, the layout and this node's Node after each successful sync (BGP:
-        # what this node announces). Its failures are its own: it never fails a sync.
+        # Told every plan, the layout and this node's Node after a successful sync that
+        # changed any of them, and after each full one (BGP: what this node announces), on a
+        # thread of its own so that the kernel's programming never waits for the speaker.
+        # Its failures are its own: it never fails a sync.
         self._announce = announce
+        self._announced: tuple[NetworkLayout, Node | None] | None = None
+        self._bgp_executor = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="bgp") if announce else None
+        )
         self.node: Node | None = None  # this node's Node object, once a source has it
 
     # -- change tracker (called by sources, on the loop) --
@@ -336,6 +342,8 @@ class Proxier:
         finally:
             stopper.cancel()
             self._executor.shutdown(wait=True)
+            if self._bgp_executor is not None:
+                self._bgp_executor.shutdown(wait=True)
 
     async def sync(self, full: bool = False) -> bool:
         """Program what changed (or everything); True on success."""
@@ -393,9 +401,11 @@ class Proxier:
             await self.service_health.sync(self._hc_ports.mapping())
         self.stats.last_sync_time = time.time()
         self.stats.last_error = None
-        if self._announce is not None:
+        announced = (self.layout(), self.node)
+        if self._announce is not None and (full or changes or announced != self._announced):
+            self._announced = announced
             await loop.run_in_executor(
-                self._executor, self._announce, list(self.table.plans()), self.layout(), self.node
+                self._bgp_executor, self._announce, list(self.table.plans()), *announced
             )
         if self._takeover is not None:
             takeover, self._takeover = self._takeover, None

@@ -2,10 +2,12 @@
 arriving here for it would be served, and the service CIDRs as aggregates if asked.
 
 - An external address (load-balancer ingress IP, ExternalIP) is announced while this node
-  serves it: under `externalTrafficPolicy: Local` only with a ready local endpoint (so the
-  route is withdrawn by the sync that sees the last one go), under `Cluster` from every node
-  while the service has a ready endpoint anywhere. A ClusterIP likewise, by its internal
-  policy, when `announce.clusterIPs` is `perService`.
+  serves it with a ready endpoint: under `externalTrafficPolicy: Local` a local one (so the
+  route is withdrawn by the sync that sees the last one go, or only terminating ones left,
+  as the health check node port turns 503), under `Cluster` one anywhere. A ClusterIP
+  likewise, by its internal policy, when `announce.clusterIPs` is `perService`. The service
+  CIDRs as aggregates (`aggregate`) stand for the whole range and are announced by every
+  node.
 - The kinds announced are `lace.bgp.announce`'s; a service's annotation
   lace-proxy.lace-cni.io/bgp-advertise turns all of its addresses on or off, and its
   communities annotation gives its routes' communities (an address several services share
@@ -55,12 +57,16 @@ def routes(
             continue  # nothing outside may reach it (or it is bound to no network)
         communities = plan.bgp.communities if plan.bgp is not None else ()
         addresses: list[str] = []
-        if plan.external_verdict is None:
+        if plan.external_verdict is None and any(b.ready for b in plan.external_backends):
             if advertise or announce.load_balancer_ips:
                 addresses += plan.lb_ips
             if advertise or announce.external_ips:
                 addresses += plan.external_ips
-        if plan.internal_verdict is None and (advertise or announce.cluster_ips == "perService"):
+        if (
+            (advertise or announce.cluster_ips == "perService")
+            and plan.internal_verdict is None
+            and any(b.ready for b in plan.internal_backends)
+        ):
             addresses.append(plan.cluster_ip)
         for address in addresses:
             prefix = f"{address}/{128 if ':' in address else 32}"

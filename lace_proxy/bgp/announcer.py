@@ -4,7 +4,8 @@ worked out from the plans (announce.py) and handed to the speaker (speaker.py).
 The speaker is looked at first: one found dead is started again (logged, counted). A
 speaker that fails is logged and counted and never fails the sync: the kernel's programming
 does not depend on BGP, and the next sync tries again. Nothing is announced before the
-Node object gives this node's InternalIP (the routes' next hop).
+Node object gives this node's InternalIP (the routes' next hop); when the Node goes, or is
+being deleted, everything is withdrawn.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from lace_proxy.bgp.announce import routes
+from lace_proxy.bgp.announce import Routes, routes
 from lace_proxy.bgp.bird import BirdError, NodeFacts
 from lace_proxy.bgp.speaker import Speaker
 from lace_proxy.metrics import ProxyMetrics
@@ -37,29 +38,47 @@ class Announcer:
         self._service_cidrs = service_cidrs  # lace.serviceCIDRs, beside ServiceCIDR objects'
         self._metrics = metrics or ProxyMetrics()
         self._waiting = False  # logged once: no InternalIP yet
+        # The node as last announced from: with its Node gone (or being deleted), what it
+        # announced is withdrawn from the same sessions.
+        self._facts: NodeFacts | None = None
 
     def sync(self, plans: Iterable[Plan], layout: NetworkLayout, node: Node | None) -> None:
-        """Announce what `plans` say for this node (`node`: its Node object, if known)."""
+        """Announce what `plans` say for this node (`node`: its Node object, if known). Never
+        raises: a failure is logged and counted, and the next call tries again."""
+        try:
+            self._sync(plans, layout, node)
+        except (BirdError, OSError) as exc:  # BIRD refused, or could not be run
+            log.error("BGP: %s; the speaker keeps what it announced", exc)
+            self._metrics.record_bgp_error("failed")
+        except Exception:  # a bug of ours: told in full, and still never the sync's failure
+            log.exception("BGP: announcing failed; the speaker keeps what it announced")
+            self._metrics.record_bgp_error("failed")
+
+    def _sync(self, plans: Iterable[Plan], layout: NetworkLayout, node: Node | None) -> None:
         internal = tuple(a for kind, a in node.addresses if kind == "InternalIP") if node else ()
-        if not internal:
+        if node is not None and node.deleting:
+            internal = ()  # the node is going: withdraw (as /healthz turns 503)
+        facts = NodeFacts(internal, node.labels) if internal and node else self._facts
+        if facts is None:
             if not self._waiting:
                 log.warning("BGP: nothing announced until this node's InternalIP is known")
             self._waiting = True
             return
-        self._waiting = False
-        cidrs = (*self._service_cidrs, *layout.service_cidrs)
-        wanted = routes(plans, self.settings.announce, layout, cidrs)
+        self._waiting, self._facts = False, facts
+        wanted: Routes = {}
+        if internal:
+            cidrs = (*self._service_cidrs, *layout.service_cidrs)
+            wanted = routes(plans, self.settings.announce, layout, cidrs)
         restarts = self.speaker.restarts
         try:
             self.speaker.check()
-            if self.speaker.sync(NodeFacts(internal, node.labels if node else ()), wanted):
+            if self.speaker.sync(facts, wanted):
                 log.info("BGP: announcing %d routes", len(wanted))
-        except (BirdError, OSError) as exc:  # refused, or BIRD could not be run
-            log.error("BGP: %s; the speaker keeps what it announced", exc)
-            self._metrics.record_bgp_error("failed")
-        for _ in range(self.speaker.restarts - restarts):
-            self._metrics.record_bgp_error("restarted")
-        self._metrics.record_bgp([p.state for p in self.speaker.peers()], len(self.speaker.routes))
+        finally:
+            for _ in range(self.speaker.restarts - restarts):
+                self._metrics.record_bgp_error("restarted")
+            peers = [p.state for p in self.speaker.peers()]
+            self._metrics.record_bgp(peers, len(self.speaker.routes))
 
     def stop(self) -> None:
         """Stop the speaker, the routers keeping this node's routes for the graceful restart

@@ -6,9 +6,10 @@ asks BIRD over its control socket to `configure`. BIRD works out the difference 
 sends only what changed, without resetting a session (a changed graceful restart time does
 reset it). Routes live in tables of their own: nothing reaches the kernel's.
 
-Everything written into the configuration is validated first (addresses, numbers, the
-communities' digits, a password without quotes: config/schema.py), so no value can add a
-statement; protocol names come from the peer's address.
+Everything written into the configuration is validated first (addresses without zones,
+numbers, the communities' digits, a password and a directory without quotes:
+config/schema.py and the model), so that no value can end a statement; protocol names come
+from the peer's address.
 
 The control socket answers each command with lines `NNNN-text` (more follow), ` text` (the
 same code continued) and `NNNN text` (the last); codes 8000 and up are errors.
@@ -28,8 +29,6 @@ from lace_proxy.config.bgp import BgpPeer, LaceBgpConfig
 
 CONFIG, CONTROL, PID = "bird.conf", "bird.ctl", "bird.pid"
 ROUTES = {4: "routes4.conf", 6: "routes6.conf"}
-#: BIRD's answers that mean a configuration was taken (the second: a session restarts).
-CONFIGURED = (3, 4)
 
 
 class BirdError(Exception):
@@ -151,9 +150,13 @@ def write_if_changed(path: Path, text: str) -> bool:
     except FileNotFoundError:
         pass
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(temporary, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
     return True
 
 

@@ -50,6 +50,15 @@ class PeerState:
     state: str
 
 
+def answers(control: Path) -> bool:
+    """Whether a BIRD answers on this control socket."""
+    try:
+        command(control, "show status", timeout=5.0)
+    except BirdError:
+        return False
+    return True
+
+
 def sessions(control: Path) -> dict[str, str]:
     """Each BGP session BIRD runs (its protocol's name) with its state (PEER_STATES; "Idle"
     for a session BIRD gives a reason instead); none if BIRD does not answer."""
@@ -79,26 +88,32 @@ class Speaker:
         self._binary = binary
         self._netns = netns  # tests: BIRD runs in this network namespace
         self._process: subprocess.Popen[bytes] | None = None
-        self._node: NodeFacts | None = None
-        self.routes: Routes = {}
+        self._node: NodeFacts | None = None  # as of the last sync BIRD took
+        self.routes: Routes = {}  # what BIRD last took
+        # The configuration and route files' texts BIRD last took: a sync whose `configure`
+        # failed finds them different and asks again.
+        self._accepted: tuple[str, ...] | None = None
         self.restarts = 0  # times BIRD was found dead and started again
 
     def sync(self, node: NodeFacts, routes: Routes) -> bool:
-        """Have BIRD announce `routes` with this node's configuration; whether anything
-        changed. Raises BirdError if BIRD refuses the configuration (it keeps the last)."""
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        changed = write_if_changed(
-            self.directory / CONFIG, render_config(self.settings, node, str(self.directory))
+        """Have BIRD announce `routes` with this node's configuration; whether BIRD was told
+        anything. Raises BirdError if BIRD refuses it (BIRD keeps what it had; the next sync
+        asks again)."""
+        texts = (
+            render_config(self.settings, node, str(self.directory)),
+            *(render_routes(routes, family) for family in ROUTES),
         )
-        for family, name in ROUTES.items():
-            changed |= write_if_changed(self.directory / name, render_routes(routes, family))
-        self._node, self.routes = node, routes
-        if not self._answers():
-            self._start()
-            return True
-        if changed:
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for name, text in zip((CONFIG, *ROUTES.values()), texts, strict=True):
+            write_if_changed(self.directory / name, text)
+        if not answers(self.control):
+            self._start()  # it reads the files
+        elif texts != self._accepted:
             command(self.control, "configure")
-        return changed
+        else:
+            return False
+        self._accepted, self._node, self.routes = texts, node, routes
+        return True
 
     def check(self) -> bool:
         """Whether BIRD is running; if it died since the last look, log and count it and
@@ -106,7 +121,7 @@ class Speaker:
         if self._node is None:
             return False  # never synced: nothing to run yet
         exited = self._process is not None and self._process.poll() is not None
-        if not exited and self._answers():
+        if not exited and answers(self.control):
             return True
         code = self._process.returncode if self._process is not None else None
         log.error("BGP: BIRD is not running (exit code %s); starting it again", code)
@@ -128,12 +143,13 @@ class Speaker:
         """Stop BIRD: routers keep this node's routes for the graceful restart time (a
         restart of lace-proxy), or, with `withdraw`, are told to drop them at once."""
         try:
-            command(self.control, "down" if withdraw else "graceful restart")
+            command(self.control, "down" if withdraw else "graceful restart", timeout=5.0)
         except BirdError as exc:
-            log.warning("BGP: stopping BIRD: %s", exc)
+            if self._process is not None and self._process.poll() is None:
+                log.warning("BGP: stopping BIRD: %s", exc)
         if self._process is not None:
             try:
-                self._process.wait(timeout=START_TIMEOUT)
+                self._process.wait(timeout=5.0)
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait()
@@ -142,7 +158,7 @@ class Speaker:
     def cleanup(self) -> bool:
         """`lace-proxy cleanup`: stop a BIRD answering here (ours or left by another
         lace-proxy), its routes withdrawn at once, and remove its files; whether one ran."""
-        running = self._answers()
+        running = answers(self.control)
         if running:
             self.stop(withdraw=True)
         for name in (CONFIG, PID, CONTROL, *ROUTES.values()):
@@ -150,13 +166,6 @@ class Speaker:
         with contextlib.suppress(OSError):  # not empty: files of someone else's
             self.directory.rmdir()
         return running
-
-    def _answers(self) -> bool:
-        try:
-            command(self.control, "show status", timeout=5.0)
-        except BirdError:
-            return False
-        return True
 
     def _start(self) -> None:
         """Start BIRD in the foreground, as a child, and wait for its control socket."""
@@ -178,7 +187,7 @@ class Speaker:
             argv = ["ip", "netns", "exec", self._netns, *argv]
         self._process = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + START_TIMEOUT
-        while not self._answers():
+        while not answers(self.control):
             if self._process.poll() is not None:
                 raise BirdError(f"BIRD exited at its start (code {self._process.returncode})")
             if time.monotonic() > deadline:

@@ -42,7 +42,7 @@ exit codes:
 
 def _bgp(args: argparse.Namespace) -> int:
     from lace_proxy.bgp.bird import CONTROL, protocol_name, read_routes
-    from lace_proxy.bgp.speaker import sessions
+    from lace_proxy.bgp.speaker import answers, sessions
 
     cfg = config_from_args(args)
     settings = cfg.lace.bgp
@@ -58,7 +58,7 @@ def _bgp(args: argparse.Namespace) -> int:
         if n in states or not names[n].node_selector  # a peer selecting other nodes: not here
     ]
     routes = read_routes(directory)
-    running = bool(states) or not settings.peers
+    running = answers(directory / CONTROL)
     if args.output == "json":
         out = {
             "speaker": "running" if running else "not running",

@@ -289,6 +289,32 @@ def _hold_time(value: object) -> float:
     return seconds
 
 
+def _peer_address(value: object) -> str | None:
+    """A router's address: no IPv6 zone (BIRD takes none), IPv4-mapped IPv6 as IPv4."""
+    text = _ip(value)
+    if text is None:
+        return None
+    ip = ipaddress.ip_address(text)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.scope_id is not None:
+        raise _bad(value, "an address without a zone (%...)")
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return str(mapped or ip)
+
+
+def _speaker_directory(value: object) -> str:
+    """Where BIRD's files go: an absolute path of printable ASCII without quotes or
+    backslashes (it is written into BIRD's configuration), short enough for its control
+    socket (bird.ctl) in it to fit AF_UNIX's 107 bytes."""
+    text = _string(value)
+    if (
+        not text.startswith("/")
+        or len(text) > 98
+        or not all(" " <= c <= "~" and c not in '"\\' for c in text)
+    ):
+        raise _bad(value, "an absolute path of at most 98 printable ASCII characters, no quotes")
+    return text
+
+
 def _restart_time(value: object) -> float:
     seconds = _duration(value)
     if not 1 <= seconds <= 4095:
@@ -322,7 +348,7 @@ def _asn(value: object) -> int | None:
 
 #: A peer's fields: their parsers, and whether one must be set.
 _PEER_FIELDS: dict[str, tuple[Callable[[object], Any], bool]] = {
-    "address": (_ip, True),
+    "address": (_peer_address, True),
     "asn": (_asn, True),
     "port": (_integer(1, 65535), False),
     "password": (_password, False),
@@ -467,7 +493,7 @@ SCHEMA: Schema = {
                 "clusterIPs": _Field(_choice(CLUSTER_IP_MODES)),
             },
             "gracefulRestartTime": _Field(_restart_time, format_duration),
-            "directory": _Field(_socket_path),
+            "directory": _Field(_speaker_directory),
         },
     },
 }

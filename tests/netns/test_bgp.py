@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from lace_proxy.bgp.announcer import Announcer
-from lace_proxy.bgp.bird import NodeFacts
+from lace_proxy.bgp.bird import BirdError, NodeFacts
 from lace_proxy.bgp.speaker import Speaker
 from lace_proxy.cli import main
 from lace_proxy.config import LACE_API_VERSION
@@ -94,7 +94,9 @@ def test_a_killed_bird_is_started_again_and_the_router_keeps_the_routes(
     router.wait_for(
         "the session's end", lambda: router.peer(UPLINK_NODE4)["state"] != "Established"
     )
-    assert router.routes(4)["192.0.2.10/32"][2] is True  # stale, not withdrawn
+    router.wait_for(  # kept, stale: a withdrawn route has no entry at all
+        "the route kept, stale", lambda: router.routes(4)["192.0.2.10/32"][2] is True
+    )
     assert speaker.check()  # found dead, counted, started again
     assert speaker.restarts == 1
     router.wait_for(
@@ -334,6 +336,25 @@ def test_lace_proxy_run_announces_and_its_restart_keeps_the_routes(
             router.wait_for(
                 "the session's end", lambda: router.peer(UPLINK_NODE4)["state"] != "Established"
             )
-            assert router.routes(4)[lb][2] is True  # kept, stale: not withdrawn
+            router.wait_for(  # kept, stale: a withdrawn route has no entry at all
+                "the route kept, stale", lambda: router.routes(4)[lb][2] is True
+            )
     finally:
         Speaker(LaceBgpConfig(directory=str(tmp_path / "bird"))).cleanup()
+
+
+def test_a_refused_configuration_changes_nothing_and_the_next_sync_converges(
+    router: FrrRouter, speaker: Speaker
+) -> None:
+    """BIRD refuses a route set (a community out of range, which the announcement never
+    makes: the speaker's own input is not checked twice): it keeps announcing what it had,
+    the speaker still reports that, and a good set goes through."""
+    speaker.sync(FACTS, {"192.0.2.10/32": ()})
+    router.wait_for("the route", lambda: set(router.routes(4)) == {"192.0.2.10/32"})
+    bad = {"192.0.2.10/32": (), "192.0.2.11/32": ("70000:1",)}
+    with pytest.raises(BirdError, match="refused 'configure'"):
+        speaker.sync(FACTS, bad)
+    assert speaker.routes == {"192.0.2.10/32": ()}  # what BIRD announces, not what was asked
+    assert set(router.routes(4)) == {"192.0.2.10/32"}
+    assert speaker.sync(FACTS, {"192.0.2.10/32": (), "192.0.2.11/32": ("65000:1",)})
+    router.wait_for("both", lambda: set(router.routes(4)) == {"192.0.2.10/32", "192.0.2.11/32"})

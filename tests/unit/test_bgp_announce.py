@@ -58,6 +58,16 @@ def test_local_policy_announces_only_where_a_ready_endpoint_is(twin: ModuleType)
     assert routes(t.plans(), DEFAULT, NO_MODEL) == {}
 
 
+def test_local_policy_with_only_a_terminating_local_endpoint_is_withdrawn(
+    twin: ModuleType,
+) -> None:
+    """The plan still forwards to it (serving, terminating), but new connections should go
+    elsewhere: the health check node port says 503, and the route goes."""
+    terminating = ep("10.0.0.1", node="n1", ready=False, serving=True, terminating=True)
+    t = built(twin, lb(policy="Local"), eps(terminating, ep("10.0.0.2", node="n2")))
+    assert routes(t.plans(), DEFAULT, NO_MODEL) == {}
+
+
 def test_nothing_for_a_service_without_ready_endpoints(twin: ModuleType) -> None:
     t = built(twin, lb(), eps(ep("10.0.0.1", ready=False, serving=False)))
     assert routes(t.plans(), DEFAULT, NO_MODEL) == {}

@@ -74,6 +74,11 @@ def test_off_by_default_and_what_is_announced_by_default(write: Writer) -> None:
     assert bgp.announce == LaceBgpAnnounceConfig(True, True, "none")
 
 
+def test_an_ipv4_mapped_peer_is_an_ipv4_peer(write: Writer) -> None:
+    body = 'lace:\n  bgp:\n    peers: [{address: "::ffff:10.0.0.1", asn: 1}]\n'
+    assert load_config(write(body)).lace.bgp.peers[0].address == "10.0.0.1"
+
+
 def test_round_trips_through_to_dict(write: Writer) -> None:
     original = load_config(write(SECTION))
     Path("printed.yaml").write_text(yaml.safe_dump(original.to_dict()))
@@ -125,6 +130,14 @@ def test_round_trips_through_to_dict(write: Writer) -> None:
             "lace.bgp.peers[0].password",
             "without quotes or backslashes",
         ),
+        (
+            'peers: [{address: "fe80::1%eth0", asn: 1}]',
+            "lace.bgp.peers[0].address",
+            "without a zone",
+        ),
+        ('directory: "run/bgp"', "lace.bgp.directory", "an absolute path"),
+        ('directory: "/run/a\\"b"', "lace.bgp.directory", "no quotes"),
+        (f"directory: /{'d' * 98}", "lace.bgp.directory", "at most 98"),
         ("peers: [10.0.0.1]", "lace.bgp.peers[0]", "is not a mapping"),
         ("peers: {address: 10.0.0.1}", "lace.bgp.peers", "a list of peers"),
         ("routerID: fd00::1", "lace.bgp.routerID", "an IPv4 address (a BGP router id)"),
