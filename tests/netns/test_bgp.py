@@ -106,12 +106,15 @@ def test_a_killed_bird_is_started_again_and_the_router_keeps_the_routes(
     assert router.peer(UPLINK_NODE4)["connectionsEstablished"] == 2
 
 
-def node_object(name: str = NODE, *addresses: str) -> dict[str, object]:
+def node_object(name: str = NODE, *addresses: str, deleting: bool = False) -> dict[str, object]:
     internal = addresses or (UPLINK_NODE4, UPLINK_NODE6)
+    metadata: dict[str, object] = {"name": name, "labels": {"rack": "r1"}}
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-12-04T00:00:00Z"
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": name, "labels": {"rack": "r1"}},
+        "metadata": metadata,
         "status": {"addresses": [{"type": "InternalIP", "address": a} for a in internal]},
     }
 
@@ -358,3 +361,22 @@ def test_a_refused_configuration_changes_nothing_and_the_next_sync_converges(
     assert set(router.routes(4)) == {"192.0.2.10/32"}
     assert speaker.sync(FACTS, {"192.0.2.10/32": (), "192.0.2.11/32": ("65000:1",)})
     router.wait_for("both", lambda: set(router.routes(4)) == {"192.0.2.10/32", "192.0.2.11/32"})
+
+
+def test_a_node_being_deleted_withdraws_what_it_announced(
+    testbed: Testbed, router: FrrRouter, speaker: Speaker, tmp_path: Path
+) -> None:
+    harness = Harness(testbed, tmp_path / "m", announce=Announcer(speaker).sync)
+    status = {"loadBalancer": {"ingress": [{"ip": LB4}]}}
+    web = service("web", ["10.96.0.10"], type="LoadBalancer", node_port=30080, status=status)
+    try:
+        harness.write("node", node_object())
+        harness.write("web", web, endpoints("web", testbed.pods))
+        harness.sync()
+        router.wait_for("the LB IP", lambda: f"{LB4}/32" in router.routes(4))
+        harness.write("node", node_object(deleting=True))
+        harness.sync()
+        router.wait_for("the withdrawal", lambda: not router.routes(4))
+        assert router.peer(UPLINK_NODE4)["state"] == "Established"  # the session stays
+    finally:
+        harness.close()
