@@ -43,19 +43,65 @@ def routes(
     service_cidrs: Iterable[str] = (),
 ) -> Routes:
     """Every route this node announces (see the module's docstring)."""
-    outside = external_networks(layout) if layout.enabled else frozenset()
-    out: dict[str, set[str]] = {}
-    if announce.cluster_ips == "aggregate":
-        for cidr in sorted({str(ipaddress.ip_network(c, strict=False)) for c in service_cidrs}):
-            out[cidr] = set()
-    for plan in plans:
+    return RouteCache(announce).routes(plans, layout, service_cidrs)
+
+
+class RouteCache:
+    """`routes`, kept per plan between syncs: the table hands out an unchanged plan as the
+    very same object, so a sync works out only the plans that changed (at 30k services,
+    working out every plan was 0.2-0.4 s of Python), and merges them only if any did."""
+
+    def __init__(self, announce: LaceBgpAnnounceConfig) -> None:
+        self.announce = announce
+        self._outside: frozenset[str] | None = None  # the layout's external networks
+        # By plan id: the plan as worked out, its prefixes and their communities.
+        self._of_plan: dict[str, tuple[Plan, tuple[str, ...], tuple[str, ...]]] = {}
+        self._aggregates: tuple[str, ...] = ()
+        self._routes: Routes = {}
+
+    def routes(
+        self, plans: Iterable[Plan], layout: NetworkLayout, service_cidrs: Iterable[str] = ()
+    ) -> Routes:
+        """Every route this node announces, for these plans."""
+        outside = external_networks(layout) if layout.enabled else frozenset()
+        changed = outside != self._outside
+        if changed:
+            self._of_plan.clear()  # what outside networks may reach has changed
+            self._outside = outside
+        ids = set()
+        for plan in plans:
+            ids.add(plan.id)
+            held = self._of_plan.get(plan.id)
+            if held is None or held[0] is not plan:
+                self._of_plan[plan.id] = (plan, *self._plan_routes(plan, outside))
+                changed = True
+        if len(ids) != len(self._of_plan):  # some plans are gone
+            for pid in [pid for pid in self._of_plan if pid not in ids]:
+                del self._of_plan[pid]
+            changed = True
+        aggregates: tuple[str, ...] = ()
+        if self.announce.cluster_ips == "aggregate":
+            aggregates = tuple(
+                sorted({str(ipaddress.ip_network(c, strict=False)) for c in service_cidrs})
+            )
+        if changed or aggregates != self._aggregates:
+            self._aggregates = aggregates
+            out: dict[str, set[str]] = {cidr: set() for cidr in aggregates}
+            for _, prefixes, communities in self._of_plan.values():
+                for prefix in prefixes:
+                    out.setdefault(prefix, set()).update(communities)
+            self._routes = {prefix: tuple(sorted(c)) for prefix, c in sorted(out.items())}
+        return self._routes
+
+    def _plan_routes(
+        self, plan: Plan, outside: frozenset[str]
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """One plan's prefixes and their communities."""
+        announce = self.announce
         advertise = plan.bgp.advertise if plan.bgp is not None else None
-        if advertise is False:
-            continue
         access = plan.access
-        if access is not None and not outside.intersection(access.sources):
-            continue  # nothing outside may reach it (or it is bound to no network)
-        communities = plan.bgp.communities if plan.bgp is not None else ()
+        if advertise is False or (access is not None and not outside.intersection(access.sources)):
+            return (), ()  # opted out; or nothing outside may reach it (or no network)
         addresses: list[str] = []
         if plan.external_verdict is None and any(b.ready for b in plan.external_backends):
             if advertise or announce.load_balancer_ips:
@@ -68,7 +114,5 @@ def routes(
             and any(b.ready for b in plan.internal_backends)
         ):
             addresses.append(plan.cluster_ip)
-        for address in addresses:
-            prefix = f"{address}/{128 if ':' in address else 32}"
-            out.setdefault(prefix, set()).update(communities)
-    return {prefix: tuple(sorted(c)) for prefix, c in sorted(out.items())}
+        prefixes = tuple(f"{a}/{128 if ':' in a else 32}" for a in addresses)
+        return prefixes, plan.bgp.communities if plan.bgp is not None and prefixes else ()

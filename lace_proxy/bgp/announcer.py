@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from lace_proxy.bgp.announce import Routes, routes
+from lace_proxy.bgp.announce import RouteCache, Routes
 from lace_proxy.bgp.bird import BirdError, NodeFacts
 from lace_proxy.bgp.speaker import Speaker
 from lace_proxy.metrics import ProxyMetrics
@@ -41,6 +41,8 @@ class Announcer:
         # The node as last announced from: with its Node gone (or being deleted), what it
         # announced is withdrawn from the same sessions.
         self._facts: NodeFacts | None = None
+        self._routes = RouteCache(self.settings.announce)
+        self._sent: tuple[Routes, NodeFacts] | None = None  # what BIRD last took
 
     def sync(self, plans: Iterable[Plan], layout: NetworkLayout, node: Node | None) -> None:
         """Announce what `plans` say for this node (`node`: its Node object, if known). Never
@@ -68,12 +70,14 @@ class Announcer:
         wanted: Routes = {}
         if internal:
             cidrs = (*self._service_cidrs, *layout.service_cidrs)
-            wanted = routes(plans, self.settings.announce, layout, cidrs)
+            wanted = self._routes.routes(plans, layout, cidrs)
         restarts = self.speaker.restarts
         try:
             self.speaker.check()
-            if self.speaker.sync(facts, wanted):
-                log.info("BGP: announcing %d routes", len(wanted))
+            if (wanted, facts) != self._sent:  # RouteCache hands out the same routes again
+                if self.speaker.sync(facts, wanted):
+                    log.info("BGP: announcing %d routes", len(wanted))
+                self._sent = (wanted, facts)  # only once BIRD took it: else asked again
         finally:
             for _ in range(self.speaker.restarts - restarts):
                 self._metrics.record_bgp_error("restarted")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from lace_proxy.bgp.announce import routes
+from lace_proxy.bgp.announce import RouteCache, routes
 from lace_proxy.config.bgp import LaceBgpAnnounceConfig
 from lace_proxy.model.endpointslice import EndpointPort
 from lace_proxy.model.service import BgpAnnotations, ServicePort
@@ -127,3 +127,47 @@ def test_under_the_lace_model_only_what_an_external_network_may_reach(twin: Modu
         t.build()
         t.commit()
         assert bool(routes(t.plans(), DEFAULT, layout)) is announced, access
+
+
+class CountingCache(RouteCache):
+    """A RouteCache that counts the plans it works out."""
+
+    worked = 0
+
+    def _plan_routes(self, plan: Any, outside: frozenset[str]) -> Any:
+        self.worked += 1
+        return super()._plan_routes(plan, outside)
+
+
+def test_the_cache_agrees_with_a_fresh_computation_and_works_out_only_changed_plans(
+    twin: ModuleType,
+) -> None:
+    cache = CountingCache(DEFAULT)
+    t = built(
+        twin,
+        lb(policy="Local"),
+        eps(ep("10.0.0.1", node="n1")),
+        svc("other", ips=("10.96.0.30",), external_ips=("198.51.100.30",)),
+        eps(ep("10.0.0.3"), service="other"),
+    )
+
+    def step() -> None:
+        t.build()
+        t.commit()
+        assert cache.routes(t.plans(), NO_MODEL) == routes(t.plans(), DEFAULT, NO_MODEL)
+
+    step()
+    assert cache.worked == 2
+    cache.worked = 0
+    step()  # nothing changed: nothing worked out again
+    assert cache.worked == 0
+    t.upsert_slice(eps(ep("10.0.0.1", node="n2")))  # web's endpoint leaves this node
+    step()
+    assert cache.worked == 1 and f"{LB}/32" not in cache.routes(t.plans(), NO_MODEL)
+    t.upsert_service(lb(policy="Local", bgp=BgpAnnotations(None, ("65000:9",))))
+    t.upsert_slice(eps(ep("10.0.0.1", node="n1")))
+    step()
+    assert cache.routes(t.plans(), NO_MODEL)[f"{LB}/32"] == ("65000:9",)
+    t.delete_service("default/other")
+    step()
+    assert "198.51.100.30/32" not in cache.routes(t.plans(), NO_MODEL)
