@@ -140,10 +140,8 @@ def _doctor_output(report: EgressReport | NodeReport, output: str) -> int:
 
 def cmd_doctor_egress(args: argparse.Namespace) -> int:
     """One pod's egress to DEST: exit code 0 the return path can work, 1 not, 2 bad input."""
-    from pyroute2 import IPRoute
-    from pyroute2.netlink.exceptions import NetlinkError
-
     from lace_proxy.app import egress_settings
+    from lace_proxy.dataplane.rtnetlink import RtnlChannel
     from lace_proxy.doctor import EgressSettingsView, diagnose_egress
     from lace_proxy.egress.routing import read_snapshot
     from lace_proxy.networks.graph import NetworkGraph
@@ -186,9 +184,9 @@ def cmd_doctor_egress(args: argparse.Namespace) -> int:
         node_pod_cidrs=node_pod_cidrs,
     )
     try:
-        with IPRoute(**({"netns": args.netns} if args.netns else {})) as ipr:
-            snapshot = read_snapshot(ipr)
-    except (OSError, NetlinkError) as exc:
+        with RtnlChannel(netns=args.netns or None) as rtnl:
+            snapshot = read_snapshot(rtnl)
+    except OSError as exc:
         return bad(f"cannot read the routing table: {exc}")
     return _doctor_output(diagnose_egress(snapshot, view, pod, to, nodes), args.output)
 

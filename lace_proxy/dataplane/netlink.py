@@ -84,8 +84,10 @@ class Channel(_Closing):
     """A netlink socket of its own with its own sequence numbers: what the IPVS and address
     channels share."""
 
-    def __init__(self, protocol: int, answers: int, *, strict: bool = False) -> None:
-        self.sock = NetlinkSocket(protocol, answers, strict=strict)
+    def __init__(
+        self, protocol: int, answers: int, *, strict: bool = False, netns: str | None = None
+    ) -> None:
+        self.sock = socket_in(netns, protocol, answers, strict=strict)
         self._next = 1
 
     def close(self) -> None:
@@ -102,10 +104,16 @@ class NetlinkSocket(_Closing):
     """A netlink socket of one protocol, in the calling thread's network namespace, with
     room for `answers` answers waiting at once (SO_RCVBUFFORCE: CAP_NET_ADMIN, which
     programming IPVS or conntrack needs anyway; without it, the default buffer); `strict`:
-    NETLINK_GET_STRICT_CHK."""
+    NETLINK_GET_STRICT_CHK; `groups`: the multicast groups whose notifications it gets."""
 
     def __init__(
-        self, protocol: int, answers: int = 0, timeout: float = 0, *, strict: bool = False
+        self,
+        protocol: int,
+        answers: int = 0,
+        timeout: float = 0,
+        *,
+        strict: bool = False,
+        groups: int = 0,
     ) -> None:
         self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, protocol)
         if strict:
@@ -121,7 +129,7 @@ class NetlinkSocket(_Closing):
         if answers * ANSWER_BYTES > self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF):
             with contextlib.suppress(PermissionError):
                 self._sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, answers * ANSWER_BYTES)
-        self._sock.bind((0, 0))
+        self._sock.bind((0, groups))
 
     def close(self) -> None:
         self._sock.close()
@@ -156,6 +164,20 @@ class NetlinkSocket(_Closing):
                 if kind == NLMSG_ERROR:
                     out[sequence] = _answer(data[offset + _HEADER.size : offset + length], flags)
                 offset += (length + 3) & ~3
+
+    def discard(self) -> bool:
+        """Read away whatever waits, unread: notifications that only say something changed.
+        True if anything did, notifications lost to a full buffer (ENOBUFS) included."""
+        waited = False
+        while True:
+            try:
+                waited |= bool(self._sock.recv(1 << 16, socket.MSG_DONTWAIT))
+            except BlockingIOError:
+                return waited
+            except OSError as exc:
+                if exc.errno != errno.ENOBUFS:
+                    raise
+                waited = True
 
     def send(self, data: bytes | bytearray) -> None:
         """Send one buffer (a request, or a batch of them)."""
@@ -308,11 +330,11 @@ def _send_all(sock: NetlinkSocket, data: bytes | bytearray) -> None:
 
 
 def socket_in(
-    netns: str | None, protocol: int, answers: int = 0, timeout: float = 0
+    netns: str | None, protocol: int, answers: int = 0, timeout: float = 0, *, strict: bool = False
 ) -> NetlinkSocket:
     """A netlink socket of the named network namespace (the caller's if None): made by a
     short-lived thread that enters it, since a socket stays in the namespace it was made in."""
     if netns is None:
-        return NetlinkSocket(protocol, answers, timeout)
+        return NetlinkSocket(protocol, answers, timeout, strict=strict)
     with ThreadPoolExecutor(1, initializer=enter_netns, initargs=(netns,)) as pool:
-        return pool.submit(NetlinkSocket, protocol, answers, timeout).result()
+        return pool.submit(NetlinkSocket, protocol, answers, timeout, strict=strict).result()

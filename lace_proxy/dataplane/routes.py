@@ -20,7 +20,9 @@ ICMP errors) to pods of those networks.
 
 Sync reads what the kernel holds (rules at that priority for that table from `lo`, routes in
 that table), adds what is missing before it removes what is no longer wanted, and touches
-nothing else.
+nothing else. Routes and addresses are read by rtnetlink.RtnlChannel, the kernel leaving out
+other tables (in IPVS mode, the local table's route of each service address); pyroute2 reads
+the few rules and makes every change.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any, NamedTuple
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
+from lace_proxy.dataplane.rtnetlink import RtnlChannel
 from lace_proxy.networks.graph import NetworkLayout
 
 log = logging.getLogger(__name__)
@@ -109,13 +112,15 @@ class PolicyRoutes:
 
     def sync(self, layout: NetworkLayout, addresses: Iterable[str]) -> int:
         """Make the kernel hold exactly the desired rules and routes; returns the changes."""
+        with RtnlChannel(netns=self.netns) as rtnl:
+            # Which interface holds each address: wanted only with the model on (in IPVS
+            # mode, the dummy interface's thousands are among them).
+            held = rtnl.addresses() if layout.enabled else []
+            held_routes = self._routes(rtnl)
+        interfaces = {address: index for index, address in held}
+        rules, routes = self.desired(layout, addresses, interfaces)
         with IPRoute(netns=self.netns) if self.netns else IPRoute() as ipr:
-            interfaces = {
-                str(ipaddress.ip_address(msg.get("address"))): msg["index"]
-                for msg in ipr.get_addr()
-            }
-            rules, routes = self.desired(layout, addresses, interfaces)
-            held_rules, held_routes = self._read(ipr)
+            held_rules = self._rules(ipr)
             changes = 0
             for rule in sorted(rules - held_rules):
                 self._rule(ipr, "add", rule)
@@ -136,17 +141,18 @@ class PolicyRoutes:
 
     def held(self) -> tuple[set[Rule], set[Route]]:
         """What the kernel holds at our priorities and in our table."""
+        with RtnlChannel(netns=self.netns) as rtnl:
+            routes = self._routes(rtnl)
         with IPRoute(netns=self.netns) if self.netns else IPRoute() as ipr:
-            return self._read(ipr)
+            return self._rules(ipr), routes
 
     def cleanup(self) -> int:
         """Remove every rule and route of ours; returns how many there were."""
         return self.sync(NetworkLayout(), ())
 
-    def _read(self, ipr: Any) -> tuple[set[Rule], set[Route]]:
+    def _rules(self, ipr: Any) -> set[Rule]:
         p, t = self.settings.priority, self.settings.table
         rules: set[Rule] = set()
-        routes: set[Route] = set()
         for version, family in FAMILIES.items():
             for msg in ipr.get_rules(family=family):
                 # Ours: our priority, our table, locally originated only (nothing else there
@@ -155,12 +161,16 @@ class PolicyRoutes:
                     continue
                 dst = msg.get("dst") or ("0.0.0.0" if version == 4 else "::")
                 rules.add(Rule(version, f"{dst}/{msg['dst_len']}"))
-            for msg in ipr.get_routes(family=family, table=t):
-                if msg.get("table") != t:
-                    continue
+        return rules
+
+    def _routes(self, rtnl: RtnlChannel) -> set[Route]:
+        t = self.settings.table
+        routes: set[Route] = set()
+        for version, family in FAMILIES.items():
+            for msg in rtnl.routes(family, t):
                 dst = f"{msg.get('dst')}/{msg['dst_len']}"
                 routes.add(Route(version, str(_net(dst)), msg.get("prefsrc"), msg.get("oif")))
-        return rules, routes
+        return routes
 
     def _rule(self, ipr: Any, command: str, rule: Rule) -> None:
         net = _net(rule.dst)

@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyroute2 import IPRoute
-
 from lace_proxy.dataplane.ipvs import virtual_services
 from lace_proxy.dataplane.nft import Nft, NftError, enter_netns
+from lace_proxy.dataplane.rtnetlink import RtnlChannel
 from lace_proxy.doctor.severity import NOTE, OK, PROBLEM
 from lace_proxy.egress.routing import read_snapshot
 from lace_proxy.migration import kube_proxy_chain
@@ -317,16 +316,16 @@ def _read_facts(nft: Nft) -> NodeFacts:
     except (NftError, OSError) as exc:
         nft_error = str(exc)
     ipvs = Path("/proc/thread-self/net/ip_vs").exists()
-    with IPRoute() as ipr:
-        snapshot = read_snapshot(ipr)
-        links = ipr.link_lookup(ifname="kube-ipvs0")
+    with RtnlChannel() as rtnl:
+        snapshot = read_snapshot(rtnl)
+        dummy = next((link.ifindex for link in rtnl.links() if link.name == "kube-ipvs0"), None)
+        on_it = {a for _, a in rtnl.addresses(dummy)} if dummy is not None else set()
     default = snapshot.lookup("0.0.0.0") or snapshot.lookup("::")
     uplink = default.interface if default and default.network.prefixlen == 0 else None
     keys = [*NODE_SYSCTLS, *([f"net.ipv4.conf.{uplink}.rp_filter"] if uplink else [])]
     sysctls = {key: _sysctl(key) for key in keys}
     kube_ipvs0 = None
-    if links:
-        on_it = {a.address for a in snapshot.addresses if a.interface == "kube-ipvs0"}
+    if dummy is not None:
         kube_ipvs0 = sum(vs.address in on_it for vs in virtual_services()) if ipvs else 0
     return NodeFacts(
         nft_error,

@@ -1,8 +1,8 @@
 """Keeps the egress SNAT table in step with the node's routing table.
 
-A thread of its own (pyroute2's sockets do not run on the uvloop loop) listens to rtnetlink's
-route, address and link events, and is told the Lace pod networks' prefixes and the node's
-podCIDRs by the proxier (`set_pod_networks`, `set_node_pod_cidrs`); after each burst
+A thread of its own (it waits on select and reads the kernel off the event loop) listens to
+rtnetlink's route, address and link events, and is told the Lace pod networks' prefixes and
+the node's podCIDRs by the proxier (`set_pod_networks`, `set_node_pod_cidrs`); after each burst
 (`debounce`) it reads the routing table again, works out the source ranges
 (`RoutingSnapshot.source_ranges`) and the pod interfaces (`RoutingSnapshot.pod_interfaces`,
 so a new pod's interface counts once its route is there) and, when they differ from what is
@@ -17,12 +17,11 @@ import contextlib
 import logging
 import os
 import select
+import socket
 import threading
 import time
 from typing import Any
 
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import (
     RTMGRP_IPV4_IFADDR,
     RTMGRP_IPV4_ROUTE,
@@ -32,7 +31,9 @@ from pyroute2.netlink.rtnl import (
 )
 
 from lace_proxy.dataplane.egress_snat import EgressSnat, Ranges, nft_interface_name
+from lace_proxy.dataplane.netlink import NetlinkSocket
 from lace_proxy.dataplane.nft import NftError, enter_netns
+from lace_proxy.dataplane.rtnetlink import RtnlChannel
 from lace_proxy.egress.routing import read_snapshot
 
 log = logging.getLogger(__name__)
@@ -123,8 +124,8 @@ class EgressController:
         """Read the routes and program the table if its ranges changed (or `force`); on the
         caller's thread, in the caller's namespace. True when the table is as wanted."""
         try:
-            with IPRoute() as ipr:
-                snapshot = read_snapshot(ipr)
+            with RtnlChannel() as rtnl:
+                snapshot = read_snapshot(rtnl)
             ranges = {fam: snapshot.source_ranges(fam) for fam in (4, 6)}
             pods = self.pod_networks
             interfaces = self._pod_interfaces(snapshot.pod_interfaces(self._pod_prefixes()))
@@ -191,20 +192,16 @@ class EgressController:
             self._ready.set()
             return
         while True:
-            events = IPRoute()
             try:
-                events.bind(groups=GROUPS)
-                if self._loop(events):
-                    return
-            except (NetlinkError, OSError) as exc:  # e.g. ENOBUFS: the socket stays broken
+                with NetlinkSocket(socket.NETLINK_ROUTE, groups=GROUPS) as events:
+                    if self._loop(events):
+                        return
+            except OSError as exc:
                 log.warning("egress SNAT: route events lost (%s); listening anew", exc)
                 self._dirty = True
                 time.sleep(self.debounce)
-            finally:
-                with contextlib.suppress(Exception):
-                    events.close()
 
-    def _loop(self, events: IPRoute) -> bool:
+    def _loop(self, events: NetlinkSocket) -> bool:
         """Follow until stopped (True) or the event socket fails (raises)."""
         backoff, retry_at = 1.0, 0.0
         next_full = time.monotonic() + self.resync
@@ -233,11 +230,12 @@ class EgressController:
                     os.read(self._wake_r, 512)
                 self._dirty = True
             if events.fileno() in ready:
-                self._dirty = True  # set first: a failing read below still re-reads all
-                events.get()
+                # Events are not parsed (in IPVS mode, each address the dummy interface gains
+                # is two): they say that something changed, and the snapshot reads what.
+                self._dirty = True
+                events.discard()
                 time.sleep(self.debounce)  # a route change comes as a burst of messages
-                while select.select([events.fileno()], [], [], 0)[0]:
-                    events.get()
+                events.discard()
 
 
 def _describe(ranges: Ranges) -> str:

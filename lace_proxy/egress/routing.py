@@ -1,13 +1,14 @@
 """The node's routing table as egress needs it: which route a destination takes, and the
 address that route prefers as source.
 
-A `RoutingSnapshot` is read in one go (routes of the main table, addresses, interfaces) and
-then queried without the kernel, so the SNAT ranges and `doctor egress` agree with each
-other. The preferred source of a route is its `src` (RTA_PREFSRC) when it has one, else
-what the kernel picks for the node's own packets on that route: an address of the outgoing
-interface in the gateway's (or destination's) subnet, else that interface's first primary
-address of global scope; with none, no source (the SNAT table then masquerades, leaving the
-choice to the kernel). IPv6 source selection is approximated the same way (not RFC 6724).
+A `RoutingSnapshot` is read in one go (routes of the main table, the addresses of the
+interfaces they leave by, the interfaces) and then queried without the kernel, so the SNAT
+ranges and `doctor egress` agree with each other. The preferred source of a route is its
+`src` (RTA_PREFSRC) when it has one, else what the kernel picks for the node's own packets on
+that route: an address of the outgoing interface in the gateway's (or destination's) subnet,
+else that interface's first primary address of global scope; with none, no source (the SNAT
+table then masquerades, leaving the choice to the kernel). IPv6 source selection is
+approximated the same way (not RFC 6724).
 
 Only the main table's unicast routes count (policy rules that send pod traffic elsewhere are
 not followed); of a multipath route, the first next hop.
@@ -25,6 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from lace_proxy.dataplane.rtnetlink import RtnlChannel
 from lace_proxy.prefixes import disjoint_ranges
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -164,35 +166,26 @@ class RoutingSnapshot:
         return tuple(sorted(found))
 
 
-def read_snapshot(ipr: Any) -> RoutingSnapshot:
-    """Read the main table's unicast routes, the addresses and the MTUs through `ipr`."""
-    names: dict[int, str] = {}
-    mtus: list[tuple[str, int]] = []
-    for link in ipr.get_links():
-        name = str(link.get("IFLA_IFNAME"))
-        names[int(link["index"])] = name
-        mtus.append((name, int(link.get("IFLA_MTU") or 0)))
-    addresses = []
-    for msg in ipr.get_addr():
-        local = msg.get("IFA_LOCAL") or msg.get("IFA_ADDRESS")
-        if local is None or int(msg["index"]) not in names:
-            continue
-        addresses.append(
-            Address(
-                names[int(msg["index"])],
-                str(ipaddress.ip_address(local)),
-                int(msg["prefixlen"]),
-                not int(msg.get("flags", 0)) & IFA_F_SECONDARY,
-                int(msg.get("scope", 0)),
-            )
-        )
+def read_snapshot(rtnl: RtnlChannel) -> RoutingSnapshot:
+    """Read the main table's unicast routes, the MTUs, and the addresses of the interfaces
+    those routes go out of (the only ones a source is picked from: in IPVS mode, the dummy
+    interface's thousands are never read)."""
+    links = rtnl.links()
+    names = {link.ifindex: link.name for link in links}
     routes = []
     for family in _FAMILY:
-        for msg in ipr.get_routes(family=family, table=MAIN_TABLE):
+        for msg in rtnl.routes(family, MAIN_TABLE):
             route = _route(msg, names)
             if route is not None:
                 routes.append(route)
-    return RoutingSnapshot(tuple(routes), tuple(addresses), tuple(mtus))
+    addresses = []
+    routed = {r.interface for r in routes}
+    for index in sorted(i for i, name in names.items() if name in routed):
+        for a in rtnl.interface_addresses(index):
+            primary = not a.flags & IFA_F_SECONDARY
+            addresses.append(Address(names[index], a.address, a.prefixlen, primary, a.scope))
+    mtus = tuple((link.name, link.mtu) for link in links)
+    return RoutingSnapshot(tuple(routes), tuple(addresses), mtus)
 
 
 def _route(msg: Any, names: dict[int, str]) -> Route | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,12 +18,15 @@ from typing import Any
 
 import pytest
 import yaml
+from pyroute2 import IPRoute
 
 from lace_proxy.cli import main
 from lace_proxy.dataplane.egress_snat import EgressSettings, EgressSnat
 from lace_proxy.dataplane.nft import Nft
+from lace_proxy.dataplane.rtnetlink import RtnlChannel
 from lace_proxy.demo.testbed import Result, request_tcp, request_udp
 from lace_proxy.egress.controller import EgressController
+from lace_proxy.egress.routing import IFA_F_SECONDARY, Address, _route, read_snapshot
 from lace_proxy.metrics import ProxyMetrics
 from testkit.cluster_testbed import A1_4, B1_4, FAR4, NEAR4, NEAR_CIDR4, NODE_A4, NODE_B4
 from testkit.egress_testbed import (
@@ -133,6 +137,28 @@ def test_a_route_change_flips_the_source_without_a_restart(
         wait_for(lambda: source_of(controller, LAB4) == NODE_A4)
     finally:
         tb.exec(node, ["ip", "route", "add", *route])
+    wait_for(lambda: seen(tb, LAB4) == UPLINK_A4)
+
+
+def test_a_flood_of_address_events_does_not_hide_the_route_change_behind_it(
+    tb: EgressTestbed, start: Callable[..., EgressController]
+) -> None:
+    """IPVS mode's dummy interface gains thousands of addresses at a cold start, each an
+    event or two, more than the event socket's buffer holds (ENOBUFS): the route change
+    that comes last still reaches the table."""
+    controller = start()
+    node = tb.nodes["node-a"]
+    assert seen(tb, LAB4) == UPLINK_A4
+    route = f"{LAB_CIDR4} via {EDGE_A4} dev eth1"
+    flood = ["link add spare0 type veth peer name spare1"]
+    flood += [f"addr add 10.96.{i // 250}.{i % 250 + 1}/32 dev spare0" for i in range(3000)]
+    flood += [f"route replace {route} src {PLATFORM_A4}"]
+    tb.exec(node, ["ip", "-batch", "-"], input="\n".join(flood) + "\n")
+    try:
+        wait_for(lambda: seen(tb, LAB4) == PLATFORM_A4)
+        assert controller.errors == 0
+    finally:
+        tb.exec(node, ["ip", "-batch", "-"], input=f"link del spare0\nroute replace {route}\n")
     wait_for(lambda: seen(tb, LAB4) == UPLINK_A4)
 
 
@@ -439,3 +465,80 @@ def test_a_route_without_a_source_is_masqueraded(
         assert reply_dst != A1_4, flows  # translated, by the kernel's choice
     finally:
         tb.exec(node, ["ip", "link", "del", "nx0"])
+
+
+#: Routes the snapshot must read (multipath, a blackhole, IPv6 with an MTU) and one it must
+#: not (another table), a secondary address, and an interface holding many addresses and no
+#: route (as IPVS mode's dummy interface): none of its addresses is read.
+SNAPSHOT_SETUP = [
+    f"route add 203.0.113.0/24 nexthop via {EDGE_A4} dev eth1 nexthop via {NODE_B4}",
+    "route add blackhole 198.18.2.0/24",
+    "route add 2001:db8:77::/48 dev eth1 mtu 1280",
+    f"route add 198.18.3.0/24 via {EDGE_A4} dev eth1 table 77",
+    "addr add 192.0.2.200/24 dev eth1",
+    "link add spare0 type veth peer name spare1",
+    *(f"addr add 10.96.{i // 250}.{i % 250 + 1}/32 dev spare0" for i in range(600)),
+]
+
+
+def _pyroute2_snapshot() -> tuple[list[Any], list[Address], list[tuple[str, int]]]:
+    """What the snapshot should hold, from pyroute2's reading of every table and address:
+    the main table's routes as the snapshot takes them, the addresses of the interfaces
+    they leave by, each interface's MTU."""
+    with IPRoute() as ipr:
+        links = list(ipr.get_links())
+        names = {int(link["index"]): str(link.get("IFLA_IFNAME")) for link in links}
+        routes = [
+            route
+            for family in (socket.AF_INET, socket.AF_INET6)
+            for msg in ipr.get_routes(family=family)
+            if (route := _route(msg, names)) is not None
+        ]
+        routed = {r.interface for r in routes}
+        addresses = [
+            Address(
+                names[int(msg["index"])],
+                str(ipaddress.ip_address(msg.get("IFA_LOCAL") or msg.get("IFA_ADDRESS"))),
+                int(msg["prefixlen"]),
+                not int(msg["flags"]) & IFA_F_SECONDARY,
+                int(msg["scope"]),
+            )
+            for msg in ipr.get_addr()
+            if names[int(msg["index"])] in routed
+        ]
+        mtus = [(str(link.get("IFLA_IFNAME")), int(link.get("IFLA_MTU"))) for link in links]
+    return routes, addresses, mtus
+
+
+def _read_both() -> tuple[Any, tuple[list[Any], list[Address], list[tuple[str, int]]]]:
+    with RtnlChannel() as rtnl:
+        ours = read_snapshot(rtnl)
+    return ours, _pyroute2_snapshot()
+
+
+def test_the_snapshot_reads_the_main_table_and_the_routed_interfaces_addresses(
+    tb: EgressTestbed,
+) -> None:
+    """read_snapshot asks the kernel for the main table and for each routed interface's
+    addresses; what it reads is what pyroute2 reads of everything, filtered the same way."""
+    node = tb.nodes["node-a"]
+    tb.exec(node, ["ip", "-batch", "-"], input="\n".join(SNAPSHOT_SETUP) + "\n")
+    try:
+        ours, (routes, addresses, mtus) = node.ns.call(_read_both)
+    finally:
+        cleanup = ["link del spare0", "addr del 192.0.2.200/24 dev eth1"]
+        cleanup += [line.replace(" add ", " del ", 1) for line in SNAPSHOT_SETUP[:4]]
+        tb.exec(node, ["ip", "-force", "-batch", "-"], input="\n".join(cleanup) + "\n")
+    assert list(ours.routes) == routes
+    kinds = {(r.dst, r.kind, r.mtu) for r in ours.routes}
+    assert {("198.18.2.0/24", "blackhole", 0), ("2001:db8:77::/48", "unicast", 1280)} <= kinds
+    assert "198.18.3.0/24" not in {r.dst for r in ours.routes}  # table 77's
+
+    def by_interface(a: Address) -> tuple[str, bool]:  # the kernel's order within each
+        return a.interface, ":" in a.address
+
+    assert sorted(ours.addresses, key=by_interface) == sorted(addresses, key=by_interface)
+    assert Address("eth1", "192.0.2.200", 24, False) in ours.addresses  # secondary
+    assert "spare0" not in {a.interface for a in ours.addresses}
+    assert dict(ours.mtus) == dict(mtus) and dict(ours.mtus)["spare0"] == 1500
+    assert ours.source(next(r for r in ours.routes if r.dst == "203.0.113.0/24")) == UPLINK_A4

@@ -97,7 +97,7 @@ def _read_links_and_addresses() -> tuple[
 ]:
     """AddressChannel's view: the links, each one's addresses by its own dump, every address."""
     with AddressChannel() as channel:
-        links = channel.links()
+        links = {link.name: link.ifindex for link in channel.links()}
         each = {i: set(channel.addresses(i)) for i in links.values()}  # filtered by the kernel
         gone = max(links.values()) + 1000
         assert channel.addresses(gone) == []  # a link that is not there has none

@@ -1,5 +1,5 @@
-"""The dummy interface's address requests as pyroute2 encodes them, the dump's parse, and
-refusals mapped back to their addresses.
+"""The dummy interface's address requests as pyroute2 encodes them, and refusals mapped back
+to their addresses (the dump's parse is test_rtnetlink's).
 
 Against a recording stand-in for the kernel (test_ipvs_netlink's: every request of a `send`
 carried out, an answer only for a refusal or a request that asks for one); the real kernel's
@@ -11,11 +11,9 @@ from __future__ import annotations
 import errno
 import ipaddress
 import random
-import socket
 import struct
 
 from pyroute2 import IPBatch
-from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 
 from lace_proxy.dataplane.ipvs import addresses as rtnl
 from lace_proxy.dataplane.ipvs.addresses import AddressChannel, AddressRefusal
@@ -56,30 +54,6 @@ def test_an_address_request_is_encoded_as_pyroute2_encodes_it() -> None:
             theirs = _pyroute2(command, address)
             assert ours[:8] + ours[16:] == theirs[:8] + theirs[16:], (command, address)
             assert NLMSG.unpack_from(ours)[3] == sequence
-
-
-def _dumped(family: int, index: int, attrs: list[tuple[str, str]]) -> bytes:
-    """An RTM_NEWADDR as the kernel dumps it, encoded by pyroute2 (header included)."""
-    msg = ifaddrmsg()
-    msg["family"] = family
-    msg["prefixlen"] = 24
-    msg["index"] = index
-    msg["attrs"] = [*attrs, ("IFA_LABEL", "eth0"), ("IFA_FLAGS", 0x80)]
-    msg["header"]["type"] = rtnl.RTM_NEWADDR
-    msg.encode()
-    return bytes(msg.data)
-
-
-def test_the_dump_reads_the_local_address_else_the_address() -> None:
-    """A point-to-point link's IFA_ADDRESS is the peer's: the node's own is IFA_LOCAL."""
-    cases = [
-        (_dumped(socket.AF_INET, 3, [("IFA_ADDRESS", "10.0.0.2"), ("IFA_LOCAL", "10.0.0.1")]),
-         (3, "10.0.0.1")),
-        (_dumped(socket.AF_INET6, 9, [("IFA_ADDRESS", "fd00:0:0::0:1")]), (9, "fd00::1")),
-        (_dumped(socket.AF_INET, 4, []), None),
-    ]  # fmt: skip
-    for message, parsed in cases:
-        assert rtnl._parse(message[16:]) == parsed
 
 
 def _channel(kernel: FakeKernel) -> AddressChannel:

@@ -1,5 +1,4 @@
-"""The dummy interface's addresses over rtnetlink, in batches, and the namespace's addresses
-read back in one dump.
+"""The dummy interface's addresses over rtnetlink, in batches.
 
 IPVS mode puts every service address on the dummy interface: 10k and more. One pyroute2
 request each, each awaited, took 124 s of a 10k cold sync in the test VM (TCG), and pyroute2's
@@ -7,12 +6,12 @@ encoding alone is the cost, not the kernel's work: 10k additions encoded by `IPB
 68 s there, by its `ifaddrmsg` class 11 s, and a dump of them parsed by `get_addr` 11 s;
 the kernel carried out all 10k in 2.8 s. An address request is a fixed layout (`ifaddrmsg`
 and its address, as pyroute2 encodes it: tests/unit/test_ipvs_addresses.py compares them
-byte for byte), so it is packed here (0.2 s for the 10k in the VM), and the dump parsed the
-same way (0.6 s). pyroute2 stays for the interface itself.
+byte for byte), so it is packed here (0.2 s for the 10k in the VM); they are read back as
+rtnetlink.RtnlChannel reads them (0.6 s). pyroute2 stays for the interface itself.
 
 A periodic sync needs only the node's own addresses: `links` and `addresses(index)` read
-them link by link (the kernel filters a dump by interface under NETLINK_GET_STRICT_CHK),
-leaving the dummy's thousands unread.
+them link by link (the kernel filters a dump by interface), leaving the dummy's thousands
+unread.
 
 Requests go `PER_SEND` to a `send` (netlink.send_batch), the last of each asking for the
 acknowledgement that is its barrier; the kernel answers the others only if it refuses them,
@@ -22,47 +21,28 @@ and each refusal is mapped back by its sequence number to the address it was abo
 from __future__ import annotations
 
 import errno
-import ipaddress
 import socket
 import struct
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from lace_proxy.dataplane.netlink import (
-    NLMSG_ERROR,
-    Answer,
-    Channel,
-    attributes,
-    header,
-    messages,
-    reason,
-    send_batch,
-)
+from lace_proxy.dataplane.netlink import Answer, header, reason, send_batch
+from lace_proxy.dataplane.rtnetlink import IFA_ADDRESS, IFA_LOCAL, RtnlChannel
 
-RTM_NEWLINK = 16
-RTM_GETLINK = 18
 RTM_NEWADDR = 20
 RTM_DELADDR = 21
-RTM_GETADDR = 22
-IFA_ADDRESS = 1
-IFA_LOCAL = 2
 NLM_F_REQUEST = 0x1
 NLM_F_ACK = 0x4
 NLM_F_EXCL = 0x200
 NLM_F_CREATE = 0x400
-NLM_F_DUMP = 0x300
-NLMSG_DONE = 3
 #: Requests per `send`: as many answers may wait at once (every one refused), within the
 #: room the socket is made with; 1,000 IPv6 requests (64 bytes each) are under netlink.CHUNK.
 PER_SEND = 1000
 ANSWERS = PER_SEND + 24
-RECEIVE = 1 << 16  # a dump's part is at most 32 KiB (the kernel's netlink_dump)
 #: Refusals that say the address already is as asked: there when added, gone when deleted.
 ALREADY = {RTM_NEWADDR: {errno.EEXIST}, RTM_DELADDR: {errno.EADDRNOTAVAIL, errno.ENOENT}}
 _IFADDRMSG = struct.Struct("=BBBBI")  # family, prefix length, flags, scope, interface index
 _ATTR = struct.Struct("=HH")
-_IFINFOMSG = struct.Struct("=BxHiII")  # family, type, index, flags, change mask
-IFLA_IFNAME = 3
 
 
 class AddressRefusal(NamedTuple):
@@ -93,70 +73,12 @@ def request(command: int, flags: int, index: int, address: str, sequence: int) -
     return header(16 + len(body), command, flags, sequence) + body
 
 
-def _parse(payload: bytes) -> tuple[int, str] | None:
-    """(interface index, address) of one RTM_NEWADDR of a dump: IFA_LOCAL, the node's own
-    end of a point-to-point link, else IFA_ADDRESS (IPv6 sends only that)."""
-    index = _IFADDRMSG.unpack_from(payload)[4]
-    local = address = None
-    for kind, value in attributes(payload, _IFADDRMSG.size):
-        if kind == IFA_LOCAL:
-            local = value
-        elif kind == IFA_ADDRESS:
-            address = value
-    raw = local or address
-    if raw is None:
-        return None
-    if len(raw) == 4:  # inet_ntop's form of IPv4 is ipaddress's, at a fraction of its cost
-        return index, socket.inet_ntop(socket.AF_INET, raw)
-    return index, str(ipaddress.ip_address(raw))
-
-
-class AddressChannel(Channel):
-    """An rtnetlink socket in the calling thread's network namespace, for addresses."""
+class AddressChannel(RtnlChannel):
+    """An rtnetlink socket in the calling thread's network namespace, for addresses: read
+    back as RtnlChannel reads them, added and deleted in batches."""
 
     def __init__(self) -> None:
-        super().__init__(socket.NETLINK_ROUTE, ANSWERS, strict=True)
-
-    def addresses(self, index: int = 0) -> list[tuple[int, str]]:
-        """Every address of the namespace with its interface's index, from one dump; with
-        `index`, that interface's alone (none if it is gone)."""
-        out: list[tuple[int, str]] = []
-        for payload in self._dump(RTM_GETADDR, _IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, index)):
-            if (parsed := _parse(payload)) is not None:
-                out.append(parsed)
-        return out
-
-    def links(self) -> dict[str, int]:
-        """Every interface of the namespace: its name and index, from one dump."""
-        out: dict[str, int] = {}
-        for payload in self._dump(RTM_GETLINK, _IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
-            for kind, value in attributes(payload, _IFINFOMSG.size):
-                if kind == IFLA_IFNAME:
-                    out[value.rstrip(b"\0").decode()] = _IFINFOMSG.unpack_from(payload)[2]
-                    break
-        return out
-
-    def _dump(self, command: int, body: bytes) -> list[bytes]:
-        """The payloads a dump answers (RTM_NEWADDR to RTM_GETADDR, RTM_NEWLINK to
-        RTM_GETLINK); a dump filtered by an interface that is gone answers none."""
-        sequence = self._sequence()
-        self.sock.replies()
-        self.sock.send(header(16 + len(body), command, NLM_F_REQUEST | NLM_F_DUMP, sequence) + body)
-        out: list[bytes] = []
-        while True:
-            for kind, answered, payload in messages(self.sock.receive(RECEIVE)):
-                if answered != sequence:
-                    continue
-                if kind == command - 2:  # RTM_NEW* answers RTM_GET*
-                    out.append(payload)
-                    continue
-                if kind not in (NLMSG_DONE, NLMSG_ERROR):
-                    continue
-                code = -struct.unpack_from("=i", payload)[0] if len(payload) >= 4 else 0
-                if code in (0, errno.ENODEV):  # ENODEV: the interface filtered by is gone
-                    return [] if code else out
-                what = "addresses" if command == RTM_GETADDR else "interfaces"
-                raise OSError(code, f"dumping {what}: {reason(Answer(code))}")
+        super().__init__(ANSWERS)
 
     def add(self, index: int, addresses: Iterable[str]) -> tuple[int, list[AddressRefusal]]:
         """Add addresses to an interface: how many were added (one that is there already

@@ -250,7 +250,7 @@ class IpvsBackend:
         then reads everything back)."""
         self._settle()
         with AddressChannel() as addresses:
-            links = addresses.links()
+            links = {link.name: link.ifindex for link in addresses.links()}
             index = links.get(self.settings.interface, -1)
             node = [a for i in links.values() if i != index for a in addresses.addresses(i)]
         if index != self._index or self._local_addresses(node, index) != self._node_addresses:
