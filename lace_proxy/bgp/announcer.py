@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterable
 
 from lace_proxy.bgp.announce import RouteCache, Routes
-from lace_proxy.bgp.bird import BirdError, NodeFacts
+from lace_proxy.bgp.bird import BirdError, NodeFacts, peers_of, read_passwords
 from lace_proxy.bgp.speaker import Speaker
 from lace_proxy.metrics import ProxyMetrics
 from lace_proxy.model import Node
@@ -42,7 +42,7 @@ class Announcer:
         # announced is withdrawn from the same sessions.
         self._facts: NodeFacts | None = None
         self._routes = RouteCache(self.settings.announce)
-        self._sent: tuple[Routes, NodeFacts] | None = None  # what BIRD last took
+        self._sent: tuple[Routes, NodeFacts, dict[str, str]] | None = None  # BIRD last took
 
     def sync(self, plans: Iterable[Plan], layout: NetworkLayout, node: Node | None) -> None:
         """Announce what `plans` say for this node (`node`: its Node object, if known). Never
@@ -74,10 +74,14 @@ class Announcer:
         restarts = self.speaker.restarts
         try:
             self.speaker.check()
-            if (wanted, facts) != self._sent:  # RouteCache hands out the same routes again
-                if self.speaker.sync(facts, wanted):
+            # The keys are read at every sync: a Secret's new key reaches BIRD at the next
+            # full sync (syncPeriod) at the latest.
+            passwords = read_passwords(peers_of(self.settings, facts))
+            sent = (wanted, facts, passwords)
+            if sent != self._sent:  # RouteCache hands out the same routes again
+                if self.speaker.sync(facts, wanted, passwords):
                     log.info("BGP: announcing %d routes", len(wanted))
-                self._sent = (wanted, facts)  # only once BIRD took it: else asked again
+                self._sent = sent  # only once BIRD took it: else asked again
         finally:
             for _ in range(self.speaker.restarts - restarts):
                 self._metrics.record_bgp_error("restarted")

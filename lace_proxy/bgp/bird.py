@@ -8,8 +8,8 @@ reset it). Routes live in tables of their own: nothing reaches the kernel's.
 
 Everything written into the configuration is validated first (addresses without zones,
 numbers, the communities' digits, a password and a directory without quotes:
-config/schema.py and the model), so that no value can end a statement; protocol names come
-from the peer's address.
+config/schema.py and the model; a key read from a file is checked as it is read), so that
+no value can end a statement; protocol names come from the peer's address.
 
 The control socket answers each command with lines `NNNN-text` (more follow), ` text` (the
 same code continued) and `NNNN text` (the last); codes 8000 and up are errors.
@@ -21,11 +21,12 @@ import io
 import os
 import socket
 import tempfile
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from lace_proxy.bgp.announce import Routes
-from lace_proxy.config.bgp import BgpPeer, LaceBgpConfig
+from lace_proxy.config.bgp import BgpPeer, LaceBgpConfig, password_problem
 
 CONFIG, CONTROL, PID = "bird.conf", "bird.ctl", "bird.pid"
 ROUTES = {4: "routes4.conf", 6: "routes6.conf"}
@@ -59,8 +60,33 @@ def peers_of(settings: LaceBgpConfig, node: NodeFacts) -> tuple[BgpPeer, ...]:
     return tuple(p for p in settings.peers if p.selects(labels))
 
 
-def render_config(settings: LaceBgpConfig, node: NodeFacts, directory: str) -> str:
-    """BIRD's configuration for this node (see the module's docstring)."""
+def read_passwords(peers: Iterable[BgpPeer]) -> dict[str, str]:
+    """The TCP MD5 key of each peer that has one, by its address: its `password`, or what
+    its `password_file` holds now (a mounted Secret's key, which kubelet may replace: each
+    sync reads it again). Raises BirdError for a file that cannot be read or holds a key
+    BIRD's configuration cannot take."""
+    out: dict[str, str] = {}
+    for peer in peers:
+        if not peer.password_file:
+            if peer.password:
+                out[peer.address] = peer.password
+            continue
+        where = f"peer {peer.address}'s passwordFile {peer.password_file}"
+        try:
+            key = Path(peer.password_file).read_text(encoding="ascii").rstrip("\r\n")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BirdError(f"cannot read {where}: {exc}") from exc
+        if (problem := password_problem(key)) is not None:
+            raise BirdError(f"{where}: the key {problem}")
+        out[peer.address] = key
+    return out
+
+
+def render_config(
+    settings: LaceBgpConfig, node: NodeFacts, directory: str, passwords: Mapping[str, str]
+) -> str:
+    """BIRD's configuration for this node (see the module's docstring), with the peers'
+    keys (`read_passwords`)."""
     router_id = settings.router_id or node.address(4)
     if router_id is None:
         raise BirdError("lace.bgp.routerID is required on a node without an IPv4 InternalIP")
@@ -91,8 +117,8 @@ def render_config(settings: LaceBgpConfig, node: NodeFacts, directory: str) -> s
             "  graceful restart on;",
             f"  graceful restart time {int(settings.graceful_restart_time)};",
         ]
-        if peer.password:
-            lines.append(f'  password "{peer.password}";')
+        if key := passwords.get(peer.address):
+            lines.append(f'  password "{key}";')
         for family in (4, 6):
             hop = node.address(family)
             if hop is not None:  # routes of a family need a next hop of it

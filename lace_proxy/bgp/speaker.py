@@ -15,6 +15,7 @@ import contextlib
 import logging
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from lace_proxy.bgp.bird import (
     command,
     peers_of,
     protocol_name,
+    read_passwords,
     render_config,
     render_routes,
     write_if_changed,
@@ -95,12 +97,17 @@ class Speaker:
         self._accepted: tuple[str, ...] | None = None
         self.restarts = 0  # times BIRD was found dead and started again
 
-    def sync(self, node: NodeFacts, routes: Routes) -> bool:
-        """Have BIRD announce `routes` with this node's configuration; whether BIRD was told
-        anything. Raises BirdError if BIRD refuses it (BIRD keeps what it had; the next sync
-        asks again)."""
+    def sync(
+        self, node: NodeFacts, routes: Routes, passwords: Mapping[str, str] | None = None
+    ) -> bool:
+        """Have BIRD announce `routes` with this node's configuration and the peers' keys
+        (read now if not given); whether BIRD was told anything. Raises BirdError if a key
+        cannot be read or BIRD refuses it (BIRD keeps what it had; the next sync asks
+        again)."""
+        if passwords is None:
+            passwords = read_passwords(peers_of(self.settings, node))
         texts = (
-            render_config(self.settings, node, str(self.directory)),
+            render_config(self.settings, node, str(self.directory), passwords),
             *(render_routes(routes, family) for family in ROUTES),
         )
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)

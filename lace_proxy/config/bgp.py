@@ -23,10 +23,21 @@ class BgpPeer:
     password: str = ""  # TCP MD5 (RFC 2385); "" for none
     hold_time: float = 90.0
     node_selector: tuple[tuple[str, str], ...] = ()
+    password_file: str = ""  # or the file holding it (a mounted Secret), read at each sync
 
     def selects(self, labels: dict[str, str]) -> bool:
         """Whether a Node with these labels peers with this router."""
         return all(labels.get(key) == value for key, value in self.node_selector)
+
+
+def password_problem(text: str) -> str | None:
+    """What is wrong with a TCP MD5 key, or None: it is written into the speaker's
+    configuration, so printable ASCII without quotes or backslashes, at most 80 bytes."""
+    if not all(" " <= c <= "~" and c not in '"\\' for c in text):
+        return "may hold printable ASCII only, without quotes or backslashes"
+    if len(text) > 80:
+        return "is longer than 80 bytes (the TCP MD5 key's limit)"
+    return None
 
 
 @dataclass(frozen=True, slots=True)

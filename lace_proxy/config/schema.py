@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeAlias
 
-from lace_proxy.config.bgp import CLUSTER_IP_MODES, BgpPeer
+from lace_proxy.config.bgp import CLUSTER_IP_MODES, BgpPeer, password_problem
 from lace_proxy.config.duration import NOT_A_DURATION, format_duration, parse_duration
 from lace_proxy.config.errors import ConfigError
 from lace_proxy.model.service import IPVS_SCHEDULERS
@@ -323,13 +323,18 @@ def _restart_time(value: object) -> float:
 
 
 def _password(value: object) -> str:
-    """A TCP MD5 key: printable ASCII without quotes or backslashes (it is written into the
-    speaker's configuration), at most 80 bytes."""
+    """A TCP MD5 key (config.bgp.password_problem)."""
     text = _string(value)
-    if not all(" " <= c <= "~" and c not in '"\\' for c in text):
-        raise _Invalid("may hold printable ASCII only, without quotes or backslashes")
-    if len(text) > 80:
-        raise _Invalid("is longer than 80 bytes (the TCP MD5 key's limit)")
+    if (problem := password_problem(text)) is not None:
+        raise _Invalid(problem)
+    return text
+
+
+def _password_file(value: object) -> str:
+    """The file a TCP MD5 key is read from (a mounted Secret's): an absolute path, or ""."""
+    text = _string(value)
+    if text and (not text.startswith("/") or "\0" in text):
+        raise _bad(value, "an absolute path (a mounted Secret's key, say)")
     return text
 
 
@@ -352,6 +357,7 @@ _PEER_FIELDS: dict[str, tuple[Callable[[object], Any], bool]] = {
     "asn": (_asn, True),
     "port": (_integer(1, 65535), False),
     "password": (_password, False),
+    "passwordFile": (_password_file, False),
     "holdTime": (_hold_time, False),
     "nodeSelector": (_labels, False),
 }
@@ -375,6 +381,8 @@ def _bgp_peers(value: object) -> tuple[BgpPeer, ...]:
         for key, (_, required) in _PEER_FIELDS.items():
             if required and snake(key) not in fields:
                 raise _Invalid("is required", f"[{i}].{key}")
+        if fields.get("password") and fields.get("password_file"):
+            raise _Invalid("set password or passwordFile, not both", f"[{i}].passwordFile")
         if any(p.address == fields["address"] for p in peers):
             raise _Invalid(f"{show(item['address'])} is a peer already", f"[{i}].address")
         peers.append(BgpPeer(**fields))
@@ -388,6 +396,7 @@ def _render_peers(peers: tuple[BgpPeer, ...]) -> list[dict[str, object]]:
             "asn": p.asn,
             "port": p.port,
             "password": p.password,
+            "passwordFile": p.password_file,
             "holdTime": format_duration(p.hold_time),
             "nodeSelector": dict(p.node_selector),
         }

@@ -291,6 +291,29 @@ def test_bgp_is_in_the_configuration_and_may_bind_its_port(
     added = container(daemonset(BGP, proxy_chart))["securityContext"]["capabilities"]["add"]
     assert added == ["NET_ADMIN", "NET_BIND_SERVICE"]
     assert "bgp" not in config_text(render(proxy_chart, {}))  # off: not written at all
+    assert "bgp-keys" not in json.dumps(daemonset(BGP, proxy_chart))  # no Secret named
+
+
+def test_bgp_keys_come_from_a_secret_mounted_for_the_peers_password_files(
+    proxy_chart: helm_python.Chart, tmp_path: Path
+) -> None:
+    key = "/var/run/secrets/lace-proxy/bgp/router-1"
+    values = {
+        "lace": {
+            "bgp": {
+                **BGP["lace"]["bgp"],
+                "peers": [{"address": "10.250.0.254", "asn": 65000, "passwordFile": key}],
+                "passwordSecret": "bgp-keys-of-rack-1",
+            }
+        }
+    }
+    (peer,) = loaded_config(proxy_chart, values, tmp_path).lace.bgp.peers
+    assert (peer.password, peer.password_file) == ("", key)
+    ds = daemonset(values, proxy_chart)
+    [volume] = [v for v in ds["spec"]["template"]["spec"]["volumes"] if v["name"] == "bgp-keys"]
+    assert volume["secret"] == {"secretName": "bgp-keys-of-rack-1", "defaultMode": 0o400}
+    [mount] = [m for m in container(ds)["volumeMounts"] if m["name"] == "bgp-keys"]
+    assert mount == {"name": "bgp-keys", "mountPath": key.rsplit("/", 1)[0], "readOnly": True}
 
 
 def test_nftables_mode_is_unprivileged(proxy_chart: helm_python.Chart) -> None:
@@ -684,6 +707,22 @@ BAD_VALUES = {
     "bgp-peer-quote": (
         {"lace": {"bgp": {"peers": [{"address": "10.0.0.1", "asn": 1, "password": 'a"b'}]}}},
         "/lace/bgp/peers/0/password",
+    ),
+    "bgp-password-and-file": (
+        {
+            "lace": {
+                "bgp": {
+                    "peers": [
+                        {"address": "10.0.0.1", "asn": 1, "password": "a", "passwordFile": "/k"}
+                    ]
+                }
+            }
+        },
+        "/lace/bgp/peers/0",
+    ),
+    "bgp-relative-password-file": (
+        {"lace": {"bgp": {"peers": [{"address": "10.0.0.1", "asn": 1, "passwordFile": "k"}]}}},
+        "/lace/bgp/peers/0/passwordFile",
     ),
     "bgp-cluster-ips": ({"lace": {"bgp": {"announce": {"clusterIPs": "all"}}}}, "clusterIPs"),
 }

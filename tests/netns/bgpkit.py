@@ -14,12 +14,20 @@ BGPD = "/usr/lib/frr/bgpd"
 
 
 class FrrRouter:
-    """bgpd peering passively with `neighbors` ({address: ASN}) from `namespace`."""
+    """bgpd peering passively with `neighbors` ({address: ASN}) from `namespace`, with a TCP
+    MD5 key for those in `passwords`."""
 
     def __init__(
-        self, namespace: str, folder: Path, asn: int, router_id: str, neighbors: dict[str, int]
+        self,
+        namespace: str,
+        folder: Path,
+        asn: int,
+        router_id: str,
+        neighbors: dict[str, int],
+        passwords: dict[str, str] | None = None,
     ) -> None:
         self.folder = folder
+        self.asn = asn
         folder.mkdir(parents=True, exist_ok=True)
         lines = [
             f"router bgp {asn}",
@@ -34,6 +42,8 @@ class FrrRouter:
                 f" neighbor {address} passive",
                 f" neighbor {address} timers 3 9",
             ]
+            if address in (passwords or {}):
+                lines.append(f" neighbor {address} password {(passwords or {})[address]}")
         for family in ("ipv4", "ipv6"):
             lines.append(f" address-family {family} unicast")
             lines += [f"  neighbor {address} activate" for address in neighbors]
@@ -58,6 +68,15 @@ class FrrRouter:
     ) -> None:
         self.process.terminate()
         self.process.wait(timeout=10)
+
+    def set_password(self, address: str, password: str) -> None:
+        """Give a neighbor a new TCP MD5 key (bgpd resets its session)."""
+        commands = ["configure terminal", f"router bgp {self.asn}"]
+        commands.append(f"neighbor {address} password {password}")
+        argv = ["vtysh", "--vty_socket", str(self.folder)]
+        for c in commands:
+            argv += ["-c", c]
+        subprocess.run(argv, check=True, capture_output=True, timeout=30)
 
     def show(self, command: str) -> Any:
         """A vtysh command's JSON answer."""

@@ -380,3 +380,58 @@ def test_a_node_being_deleted_withdraws_what_it_announced(
         assert router.peer(UPLINK_NODE4)["state"] == "Established"  # the session stays
     finally:
         harness.close()
+
+
+def test_a_peers_key_comes_from_a_file_and_a_new_key_is_taken_at_the_next_sync(
+    testbed: Testbed, tmp_path: Path
+) -> None:
+    """TCP MD5 with the key in a file (a mounted Secret's): the session comes up with it; a
+    file that cannot be read is an error, logged and counted, and the session stays; the
+    router's and the file's new key meet at the next sync."""
+    key = tmp_path / "secret" / "router-key"
+    key.parent.mkdir()
+    key.write_text("first-key\n")  # as a Secret's value often ends
+    settings = LaceBgpConfig(
+        enabled=True,
+        asn=NODE_ASN,
+        peers=(BgpPeer(CLIENT4, ROUTER_ASN, hold_time=9, password_file=str(key)),),
+        graceful_restart_time=60,
+        directory=str(tmp_path / "bird"),
+    )
+    speaker = Speaker(settings, netns=testbed.node.ns.name)
+    metrics = ProxyMetrics()
+    harness = Harness(testbed, tmp_path / "m", announce=Announcer(speaker, metrics=metrics).sync)
+    neighbors, keys = {UPLINK_NODE4: NODE_ASN}, {UPLINK_NODE4: "first-key"}
+    status = {"loadBalancer": {"ingress": [{"ip": LB4}]}}
+    web = service("web", ["10.96.0.10"], type="LoadBalancer", node_port=30080, status=status)
+    with FrrRouter(
+        testbed.client.ns.name, tmp_path / "frr", ROUTER_ASN, CLIENT4, neighbors, keys
+    ) as router:
+        try:
+            harness.write("node", node_object())
+            harness.write("web", web, endpoints("web", testbed.pods))
+            harness.sync()
+            router.wait_for("the LB IP", lambda: f"{LB4}/32" in router.routes(4))
+            assert 'password "first-key";' in (tmp_path / "bird" / "bird.conf").read_text()
+
+            key.unlink()  # the Secret's volume without the key: BIRD keeps what it has
+            harness.sync(full=True)
+            exposition = metrics.exposition()[0].decode()
+            assert 'lace_proxy_bgp_errors_total{kind="failed"} 1.0' in exposition
+            assert router.peer(UPLINK_NODE4)["state"] == "Established"
+
+            router.set_password(UPLINK_NODE4, "second-key")
+            key.write_text("second-key\n")
+            harness.sync(full=True)
+            router.wait_for(
+                "the session with the new key",
+                lambda: (
+                    router.peer(UPLINK_NODE4).get("connectionsEstablished", 0) >= 2
+                    and router.peer(UPLINK_NODE4)["state"] == "Established"
+                ),
+            )
+            router.wait_for("the LB IP again", lambda: f"{LB4}/32" in router.routes(4))
+            assert 'password "second-key";' in (tmp_path / "bird" / "bird.conf").read_text()
+        finally:
+            harness.close()
+            speaker.stop(withdraw=True)

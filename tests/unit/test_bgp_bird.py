@@ -12,6 +12,7 @@ from lace_proxy.bgp.bird import (
     BirdError,
     NodeFacts,
     command,
+    read_passwords,
     render_config,
     render_routes,
     write_if_changed,
@@ -28,10 +29,11 @@ SETTINGS = LaceBgpConfig(
     graceful_restart_time=30,
     directory="/run/bgp",
 )
+KEYS = read_passwords(SETTINGS.peers)
 
 
 def test_the_configuration_for_a_dual_stack_node() -> None:
-    text = render_config(SETTINGS, NodeFacts(("10.250.0.1", "fd00:250::1")), "/run/bgp")
+    text = render_config(SETTINGS, NodeFacts(("10.250.0.1", "fd00:250::1")), "/run/bgp", KEYS)
     assert "router id 10.250.0.1;\n" in text
     assert 'include "/run/bgp/routes4.conf";\n' in text
     assert 'include "/run/bgp/routes6.conf";\n' in text
@@ -48,14 +50,14 @@ def test_the_configuration_for_a_dual_stack_node() -> None:
 def test_a_peer_selected_by_labels_and_a_node_of_one_family() -> None:
     node = NodeFacts(("fd00:250::1",), (("rack", "r2"),))
     settings = dataclasses.replace(SETTINGS, router_id="192.0.2.1")
-    text = render_config(settings, node, "/run/bgp")
+    text = render_config(settings, node, "/run/bgp", {})
     assert "router id 192.0.2.1;\n" in text
     assert "protocol bgp peer_fd00_250__fe {\n" in text
     assert "  local fd00:250::1 as 65001;\n" in text
     assert "  local as 65001;\n" in text  # no IPv4 address to speak from
     assert "lace_svc4; import none" not in text  # no IPv4 next hop: no IPv4 routes
     with pytest.raises(BirdError, match="routerID is required"):
-        render_config(SETTINGS, node, "/run/bgp")
+        render_config(SETTINGS, node, "/run/bgp", {})
 
 
 def test_route_files_carry_communities_by_kind() -> None:
@@ -86,3 +88,23 @@ def test_files_are_replaced_only_when_they_change(tmp_path: Path) -> None:
 def test_no_bird_on_the_socket_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(BirdError, match=r"control socket .*bird.ctl"):
         command(tmp_path / "bird.ctl", "show status")
+
+
+def test_keys_come_from_the_config_or_from_files_read_now(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    key.write_text("from-a-secret\r\n")
+    peers = (
+        BgpPeer("10.0.0.1", 1, password="inline"),
+        BgpPeer("10.0.0.2", 1, password_file=str(key)),
+        BgpPeer("10.0.0.3", 1),
+    )
+    assert read_passwords(peers) == {"10.0.0.1": "inline", "10.0.0.2": "from-a-secret"}
+    key.write_text("replaced")  # kubelet swaps a Secret's files: read again, the new key
+    assert read_passwords(peers)["10.0.0.2"] == "replaced"
+    key.write_text('a"b')
+    with pytest.raises(BirdError, match=f"10.0.0.2's passwordFile {key}: the key may hold"):
+        read_passwords(peers)
+    key.unlink()
+    with pytest.raises(BirdError, match=f"cannot read peer 10.0.0.2's passwordFile {key}"):
+        read_passwords(peers)
+    assert read_passwords(peers[:1]) == {"10.0.0.1": "inline"}  # only the peers asked for

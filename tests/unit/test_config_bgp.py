@@ -28,6 +28,7 @@ lace:
         password: secret
         holdTime: 9s
         nodeSelector: {rack: r1, zone: a}
+      - {address: 10.250.0.3, asn: 65003, passwordFile: /etc/lace-proxy/bgp/r3}
     announce: {externalIPs: false, clusterIPs: aggregate}
     gracefulRestartTime: 30s
     directory: /run/lace-bgp
@@ -56,6 +57,7 @@ def test_the_section_is_read(write: Writer) -> None:
         peers=(
             BgpPeer("10.250.0.1", 65000),
             BgpPeer("fd00:250::1", 65000, 1179, "secret", 9.0, (("rack", "r1"), ("zone", "a"))),
+            BgpPeer("10.250.0.3", 65003, password_file="/etc/lace-proxy/bgp/r3"),
         ),
         announce=LaceBgpAnnounceConfig(
             load_balancer_ips=True, external_ips=False, cluster_ips="aggregate"
@@ -129,6 +131,16 @@ def test_round_trips_through_to_dict(write: Writer) -> None:
             'peers: [{address: 10.0.0.1, asn: 1, password: "a\\"b"}]',
             "lace.bgp.peers[0].password",
             "without quotes or backslashes",
+        ),
+        (
+            "peers: [{address: 10.0.0.1, asn: 1, password: a, passwordFile: /etc/k}]",
+            "lace.bgp.peers[0].passwordFile",
+            "set password or passwordFile, not both",
+        ),
+        (
+            "peers: [{address: 10.0.0.1, asn: 1, passwordFile: etc/k}]",
+            "lace.bgp.peers[0].passwordFile",
+            "an absolute path",
         ),
         (
             'peers: [{address: "fe80::1%eth0", asn: 1}]',
