@@ -38,6 +38,7 @@ class Announcer:
         self._service_cidrs = service_cidrs  # lace.serviceCIDRs, beside ServiceCIDR objects'
         self._metrics = metrics or ProxyMetrics()
         self._waiting = False  # logged once: no InternalIP yet
+        self._no_aggregate = False  # logged once: clusterIPs aggregate, no service CIDR
         # The node as last announced from: with its Node gone (or being deleted), what it
         # announced is withdrawn from the same sessions.
         self._facts: NodeFacts | None = None
@@ -70,6 +71,7 @@ class Announcer:
         wanted: Routes = {}
         if internal:
             cidrs = (*self._service_cidrs, *layout.service_cidrs)
+            self._tell_no_aggregate(not cidrs and self.settings.announce.cluster_ips == "aggregate")
             wanted = self._routes.routes(plans, layout, cidrs)
         restarts = self.speaker.restarts
         try:
@@ -87,6 +89,15 @@ class Announcer:
                 self._metrics.record_bgp_error("restarted")
             peers = [p.state for p in self.speaker.peers()]
             self._metrics.record_bgp(peers, len(self.speaker.routes))
+
+    def _tell_no_aggregate(self, missing: bool) -> None:
+        """Warn once (again after a fix) that clusterIPs: aggregate has nothing to announce."""
+        if missing and not self._no_aggregate:
+            log.warning(
+                "BGP: lace.bgp.announce.clusterIPs is aggregate, but no service CIDR is known "
+                "(lace.serviceCIDRs, ServiceCIDR objects): no ClusterIP range is announced"
+            )
+        self._no_aggregate = missing
 
     def stop(self) -> None:
         """Stop the speaker, the routers keeping this node's routes for the graceful restart

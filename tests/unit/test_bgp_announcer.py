@@ -9,7 +9,7 @@ import pytest
 
 from lace_proxy.bgp.announcer import Announcer
 from lace_proxy.bgp.speaker import Speaker
-from lace_proxy.config.bgp import BgpPeer, LaceBgpConfig
+from lace_proxy.config.bgp import BgpPeer, LaceBgpAnnounceConfig, LaceBgpConfig
 from lace_proxy.metrics import ProxyMetrics
 from lace_proxy.model import Node
 from lace_proxy.networks.graph import NetworkLayout
@@ -50,3 +50,24 @@ def test_nothing_is_announced_before_the_nodes_internal_ip(tmp_path: Path) -> No
     announcer.sync([], NetworkLayout(), None)
     announcer.sync([], NetworkLayout(), Node("n1"))
     assert not (tmp_path / "b").exists()  # nothing written, nothing started
+
+
+def test_aggregates_without_a_service_cidr_are_told_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = LaceBgpConfig(
+        enabled=True,
+        asn=65001,
+        peers=(BgpPeer("10.0.0.1", 65000),),
+        announce=LaceBgpAnnounceConfig(cluster_ips="aggregate"),
+        directory=str(tmp_path / "b"),
+    )
+    node = Node("n1", addresses=(("InternalIP", "10.0.0.2"),))
+    speaker = Speaker(settings, binary=str(tmp_path / "no-bird"))
+    for _ in range(3):
+        Announcer(speaker, ("10.96.0.0/12",)).sync([], NetworkLayout(), node)
+    assert "no service CIDR is known" not in caplog.text
+    announcer = Announcer(speaker)
+    for _ in range(3):
+        announcer.sync([], NetworkLayout(), node)
+    assert caplog.text.count("no service CIDR is known") == 1
