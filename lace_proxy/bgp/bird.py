@@ -168,6 +168,16 @@ def read_routes(directory: Path) -> Routes:
     return dict(sorted(out.items()))
 
 
+def configured_peers(directory: Path) -> set[str] | None:
+    """The BGP protocols of the configuration last written in `directory` (the peers that
+    select this node, as it was then), or None if none was written."""
+    try:
+        text = (directory / CONFIG).read_text()
+    except FileNotFoundError:
+        return None
+    return {line.split()[2] for line in text.splitlines() if line.startswith("protocol bgp ")}
+
+
 def write_if_changed(path: Path, text: str) -> bool:
     """Replace a file atomically (a rename) if its text differs; whether it did."""
     try:

@@ -41,7 +41,7 @@ exit codes:
 
 
 def _bgp(args: argparse.Namespace) -> int:
-    from lace_proxy.bgp.bird import CONTROL, protocol_name, read_routes
+    from lace_proxy.bgp.bird import CONTROL, configured_peers, protocol_name, read_routes
     from lace_proxy.bgp.speaker import answers, sessions
 
     cfg = config_from_args(args)
@@ -52,10 +52,14 @@ def _bgp(args: argparse.Namespace) -> int:
     directory = Path(settings.directory)
     states = sessions(directory / CONTROL)
     names = {protocol_name(p): p for p in settings.peers}
+    # This node's peers: those BIRD has, else those of the configuration lace-proxy last
+    # wrote for it; with neither, those that select no nodes by label.
+    configured = configured_peers(directory)
     peers = [
         {"address": names[n].address, "asn": names[n].asn, "state": states.get(n, "Down")}
         for n in names
-        if n in states or not names[n].node_selector  # a peer selecting other nodes: not here
+        if n in states
+        or (n in configured if configured is not None else not names[n].node_selector)
     ]
     routes = read_routes(directory)
     running = answers(directory / CONTROL)

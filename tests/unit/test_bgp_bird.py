@@ -4,19 +4,24 @@ when no BIRD answers (the real BIRD: tests/netns/test_bgp.py)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from lace_proxy.bgp.bird import (
     BirdError,
     NodeFacts,
     command,
+    configured_peers,
     read_passwords,
     render_config,
     render_routes,
     write_if_changed,
 )
+from lace_proxy.cli import main
+from lace_proxy.config import LACE_API_VERSION
 from lace_proxy.config.bgp import BgpPeer, LaceBgpConfig
 
 SETTINGS = LaceBgpConfig(
@@ -108,3 +113,36 @@ def test_keys_come_from_the_config_or_from_files_read_now(tmp_path: Path) -> Non
     with pytest.raises(BirdError, match=f"cannot read peer 10.0.0.2's passwordFile {key}"):
         read_passwords(peers)
     assert read_passwords(peers[:1]) == {"10.0.0.1": "inline"}  # only the peers asked for
+
+
+def test_the_bgp_command_shows_this_nodes_peers_while_bird_does_not_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With BIRD down, the peers are those of the configuration last written for this node
+    (a peer selecting it by label included); before any, those selecting no node."""
+    directory = tmp_path / "bgp"
+    config = tmp_path / "proxy.yaml"
+    bgp = {
+        "enabled": True,
+        "asn": 65001,
+        "peers": [
+            {"address": "10.250.0.254", "asn": 65000},
+            {"address": "fd00:250::fe", "asn": 65000, "nodeSelector": {"rack": "r2"}},
+        ],
+        "directory": str(directory),
+    }
+    header = {"apiVersion": LACE_API_VERSION, "kind": "KubeProxyConfiguration"}
+    config.write_text(yaml.safe_dump({**header, "lace": {"bgp": bgp}}))
+    argv = ["bgp", "--config", str(config), "--hostname-override", "n1", "-o", "json"]
+
+    def shown() -> list[tuple[str, str]]:
+        assert main(argv) == 1  # the speaker does not run
+        return [(p["address"], p["state"]) for p in json.loads(capsys.readouterr().out)["peers"]]
+
+    assert shown() == [("10.250.0.254", "Down")]
+    settings = dataclasses.replace(SETTINGS, directory=str(directory))
+    node = NodeFacts(("10.250.0.1", "fd00:250::1"), (("rack", "r2"),))
+    directory.mkdir()
+    write_if_changed(directory / "bird.conf", render_config(settings, node, str(directory), {}))
+    assert configured_peers(directory) == {"peer_10_250_0_254", "peer_fd00_250__fe"}
+    assert shown() == [("10.250.0.254", "Down"), ("fd00:250::fe", "Down")]
