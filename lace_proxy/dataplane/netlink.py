@@ -37,7 +37,12 @@ NETLINK_CAP_ACK = 10
 NETLINK_EXT_ACK = 11
 #: Dump requests are checked strictly, and their filters (an interface's index) applied.
 NETLINK_GET_STRICT_CHK = 12
+NLM_F_REQUEST = 0x1
+NLM_F_DUMP = 0x300
 NLMSG_ERROR = 2
+NLMSG_DONE = 3
+#: Bytes to receive at once: a dump's part is at most 32 KiB (the kernel's netlink_dump).
+RECEIVE = 1 << 16
 NLM_F_ACK_TLVS = 0x200
 NLMSGERR_ATTR_MSG = 1
 NLMSGERR_ATTR_OFFS = 2

@@ -22,7 +22,11 @@ from typing import NamedTuple
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
 from lace_proxy.dataplane.netlink import (
+    NLM_F_DUMP,
+    NLM_F_REQUEST,
+    NLMSG_DONE,
     NLMSG_ERROR,
+    RECEIVE,
     Answer,
     Channel,
     attributes,
@@ -39,10 +43,6 @@ IFA_LOCAL = 2
 IFLA_IFNAME = 3
 IFLA_MTU = 4
 RTA_TABLE = 15
-NLM_F_REQUEST = 0x1
-NLM_F_DUMP = 0x300
-NLMSG_DONE = 3
-RECEIVE = 1 << 16  # a dump's part is at most 32 KiB (the kernel's netlink_dump)
 #: Dump ends that mean "nothing": the interface filtered by is gone (addresses), the table
 #: filtered by does not exist (routes).
 EMPTY = {RTM_GETADDR: errno.ENODEV, RTM_GETROUTE: errno.ENOENT, RTM_GETLINK: 0}

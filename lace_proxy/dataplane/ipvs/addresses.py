@@ -26,12 +26,11 @@ import struct
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from lace_proxy.dataplane.netlink import Answer, header, reason, send_batch
+from lace_proxy.dataplane.netlink import NLM_F_REQUEST, Answer, header, reason, send_batch
 from lace_proxy.dataplane.rtnetlink import IFA_ADDRESS, IFA_LOCAL, RtnlChannel
 
 RTM_NEWADDR = 20
 RTM_DELADDR = 21
-NLM_F_REQUEST = 0x1
 NLM_F_ACK = 0x4
 NLM_F_EXCL = 0x200
 NLM_F_CREATE = 0x400

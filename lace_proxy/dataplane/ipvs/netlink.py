@@ -36,7 +36,9 @@ from lace_proxy.dataplane.ipvs.model import PROTOCOLS, Target, VirtualServer, ad
 from lace_proxy.dataplane.netlink import (
     CHUNK,
     NETLINK_GENERIC,
+    NLM_F_REQUEST,
     NLMSG_ERROR,
+    RECEIVE,
     Answer,
     Channel,
     header,
@@ -53,8 +55,6 @@ GENL_ID_CTRL = 0x10
 CTRL_CMD_GETFAMILY = 3
 CTRL_ATTR_FAMILY_ID = 1
 CTRL_ATTR_FAMILY_NAME = 2
-NLM_F_REQUEST = 0x1
-RECEIVE = 1 << 16  # a dump's part is at most 32 KiB (the kernel's netlink_dump)
 _SEQUENCE = struct.Struct("=8xI")  # the sequence number of a buffer's first message
 _VERBS = {
     IPVS_CMD_NEW_SERVICE: "add",

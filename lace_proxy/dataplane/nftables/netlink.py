@@ -22,6 +22,9 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from lace_proxy.dataplane.netlink import (
     NETLINK_NETFILTER,
+    NLM_F_DUMP,
+    NLM_F_REQUEST,
+    NLMSG_DONE,
     NLMSG_ERROR,
     NetlinkSocket,
     header,
@@ -36,8 +39,6 @@ from lace_proxy.dataplane.nftables.codec import Batch, CodecError, DumpParser, d
 ANSWERS = 4096
 NFNL_SUBSYS_NFTABLES = 10
 NFT_MSG_GETTABLE, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_GETSET = 1, 4, 7, 10
-NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
-NLMSG_DONE = 3
 NFTA_CHAIN_TABLE, NFTA_CHAIN_NAME, NFTA_CHAIN_USERDATA = 1, 3, 12
 NFTA_RULE_TABLE, NFTA_RULE_CHAIN, NFTA_RULE_USERDATA = 1, 2, 7
 NFTA_SET_TABLE, NFTA_SET_NAME, NFTA_SET_FLAGS = 1, 2, 3
