@@ -43,7 +43,9 @@ class Announcer:
         # announced is withdrawn from the same sessions.
         self._facts: NodeFacts | None = None
         self._routes = RouteCache(self.settings.announce)
-        self._sent: tuple[Routes, NodeFacts, dict[str, str]] | None = None  # BIRD last took
+        self._sent: tuple[Routes, NodeFacts, dict[str, str | None]] | None = None  # BIRD took
+        self._keys: dict[str, str] = {}  # each peer's last good key
+        self._key_problems: list[str] = []  # as last logged
 
     def sync(self, plans: Iterable[Plan], layout: NetworkLayout, node: Node | None) -> None:
         """Announce what `plans` say for this node (`node`: its Node object, if known). Never
@@ -78,7 +80,9 @@ class Announcer:
             self.speaker.check()
             # The keys are read at every sync: a Secret's new key reaches BIRD at the next
             # full sync (syncPeriod) at the latest.
-            passwords = read_passwords(peers_of(self.settings, facts))
+            passwords, problems = read_passwords(peers_of(self.settings, facts), self._keys)
+            self._keys.update((a, k) for a, k in passwords.items() if k is not None)
+            self._tell_key_problems(problems)
             sent = (wanted, facts, passwords)
             if sent != self._sent:  # RouteCache hands out the same routes again
                 if self.speaker.sync(facts, wanted, passwords):
@@ -89,6 +93,17 @@ class Announcer:
                 self._metrics.record_bgp_error("restarted")
             peers = [p.state for p in self.speaker.peers()]
             self._metrics.record_bgp(peers, len(self.speaker.routes))
+
+    def _tell_key_problems(self, problems: list[str]) -> None:
+        """Count each sync's key problems; log them when they change (and their end)."""
+        for _ in problems:
+            self._metrics.record_bgp_error("failed")
+        if problems != self._key_problems:
+            for problem in problems:
+                log.error("BGP: %s", problem)
+            if not problems:
+                log.info("BGP: every peer's key file is read again")
+        self._key_problems = problems
 
     def _tell_no_aggregate(self, missing: bool) -> None:
         """Warn once (again after a fix) that clusterIPs: aggregate has nothing to announce."""

@@ -17,16 +17,18 @@ same code continued) and `NNNN text` (the last); codes 8000 and up are errors.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import socket
+import stat
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from lace_proxy.bgp.announce import Routes
-from lace_proxy.config.bgp import BgpPeer, LaceBgpConfig, password_problem
+from lace_proxy.config.bgp import KEY_BYTES, BgpPeer, LaceBgpConfig, password_problem
 
 CONFIG, CONTROL, PID = "bird.conf", "bird.ctl", "bird.pid"
 ROUTES = {4: "routes4.conf", 6: "routes6.conf"}
@@ -60,12 +62,18 @@ def peers_of(settings: LaceBgpConfig, node: NodeFacts) -> tuple[BgpPeer, ...]:
     return tuple(p for p in settings.peers if p.selects(labels))
 
 
-def read_passwords(peers: Iterable[BgpPeer]) -> dict[str, str]:
-    """The TCP MD5 key of each peer that has one, by its address: its `password`, or what
-    its `password_file` holds now (a mounted Secret's key, which kubelet may replace: each
-    sync reads it again). Raises BirdError for a file that cannot be read or holds a key
-    BIRD's configuration cannot take."""
-    out: dict[str, str] = {}
+def read_passwords(
+    peers: Iterable[BgpPeer], last: Mapping[str, str]
+) -> tuple[dict[str, str | None], list[str]]:
+    """The TCP MD5 key of each peer that has one, by its address, and what went wrong.
+
+    A key is the peer's `password`, or what its `password_file` holds now (a mounted
+    Secret's key, which kubelet may replace: each sync reads it again). A file that cannot
+    be read, or holds no key BIRD's configuration can take, is a problem: the peer keeps its
+    `last` key, or without one it is None, left out of the configuration until it has one
+    (the other peers' sessions and every route go on)."""
+    out: dict[str, str | None] = {}
+    problems: list[str] = []
     for peer in peers:
         if not peer.password_file:
             if peer.password:
@@ -73,20 +81,41 @@ def read_passwords(peers: Iterable[BgpPeer]) -> dict[str, str]:
             continue
         where = f"peer {peer.address}'s passwordFile {peer.password_file}"
         try:
-            key = Path(peer.password_file).read_text(encoding="ascii").rstrip("\r\n")
+            key = _read_key(peer.password_file)
+            problem = "is empty" if not key else password_problem(key)
         except (OSError, UnicodeDecodeError) as exc:
-            raise BirdError(f"cannot read {where}: {exc}") from exc
-        if (problem := password_problem(key)) is not None:
-            raise BirdError(f"{where}: the key {problem}")
-        out[peer.address] = key
-    return out
+            problem = f"cannot be read ({exc})"
+        if problem is None:
+            out[peer.address] = key
+            continue
+        kept = last.get(peer.address)
+        out[peer.address] = kept
+        then = "its last key is kept" if kept else "the peer is left out until it has a key"
+        problems.append(f"{where}: the key {problem}; {then}")
+    return out, problems
+
+
+def _read_key(path: str) -> str:
+    """A key file's text without its line end: a regular file (a FIFO or a device would
+    block or never end), at most a key's length read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        data = os.read(fd, KEY_BYTES + 3)  # a longer key is refused as too long
+    finally:
+        os.close(fd)
+    return data.decode("ascii").rstrip("\r\n")
 
 
 def render_config(
-    settings: LaceBgpConfig, node: NodeFacts, directory: str, passwords: Mapping[str, str]
+    settings: LaceBgpConfig,
+    node: NodeFacts,
+    directory: str,
+    passwords: Mapping[str, str | None],
 ) -> str:
     """BIRD's configuration for this node (see the module's docstring), with the peers'
-    keys (`read_passwords`)."""
+    keys (`read_passwords`; a peer whose key is None is left out)."""
     router_id = settings.router_id or node.address(4)
     if router_id is None:
         raise BirdError("lace.bgp.routerID is required on a node without an IPv4 InternalIP")
@@ -106,6 +135,8 @@ def render_config(
             "}",
         ]
     for peer in peers_of(settings, node):
+        if peer.address in passwords and passwords[peer.address] is None:
+            continue  # its key file fails: no session without its key
         local = node.address(6 if ":" in peer.address else 4)
         lines += [
             f"protocol bgp {protocol_name(peer)} {{",

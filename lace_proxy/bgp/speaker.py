@@ -31,7 +31,6 @@ from lace_proxy.bgp.bird import (
     command,
     peers_of,
     protocol_name,
-    read_passwords,
     render_config,
     render_routes,
     write_if_changed,
@@ -97,15 +96,10 @@ class Speaker:
         self._accepted: tuple[str, ...] | None = None
         self.restarts = 0  # times BIRD was found dead and started again
 
-    def sync(
-        self, node: NodeFacts, routes: Routes, passwords: Mapping[str, str] | None = None
-    ) -> bool:
+    def sync(self, node: NodeFacts, routes: Routes, passwords: Mapping[str, str | None]) -> bool:
         """Have BIRD announce `routes` with this node's configuration and the peers' keys
-        (read now if not given); whether BIRD was told anything. Raises BirdError if a key
-        cannot be read or BIRD refuses it (BIRD keeps what it had; the next sync asks
-        again)."""
-        if passwords is None:
-            passwords = read_passwords(peers_of(self.settings, node))
+        (bird.read_passwords); whether BIRD was told anything. Raises BirdError if BIRD
+        refuses it (BIRD keeps what it had; the next sync asks again)."""
         texts = (
             render_config(self.settings, node, str(self.directory), passwords),
             *(render_routes(routes, family) for family in ROUTES),

@@ -30,13 +30,17 @@ class BgpPeer:
         return all(labels.get(key) == value for key, value in self.node_selector)
 
 
+#: The longest TCP MD5 key (TCP_MD5SIG_MAXKEYLEN).
+KEY_BYTES = 80
+
+
 def password_problem(text: str) -> str | None:
     """What is wrong with a TCP MD5 key, or None: it is written into the speaker's
     configuration, so printable ASCII without quotes or backslashes, at most 80 bytes."""
     if not all(" " <= c <= "~" and c not in '"\\' for c in text):
         return "may hold printable ASCII only, without quotes or backslashes"
-    if len(text) > 80:
-        return "is longer than 80 bytes (the TCP MD5 key's limit)"
+    if len(text) > KEY_BYTES:
+        return f"is longer than {KEY_BYTES} bytes (the TCP MD5 key's limit)"
     return None
 
 

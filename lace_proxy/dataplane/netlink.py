@@ -170,19 +170,17 @@ class NetlinkSocket(_Closing):
                     out[sequence] = _answer(data[offset + _HEADER.size : offset + length], flags)
                 offset += (length + 3) & ~3
 
-    def discard(self) -> bool:
-        """Read away whatever waits, unread: notifications that only say something changed.
-        True if anything did, notifications lost to a full buffer (ENOBUFS) included."""
-        waited = False
+    def discard(self) -> None:
+        """Read away whatever waits, unread: notifications that only say something changed
+        (those lost to a full buffer, ENOBUFS, said so too)."""
         while True:
             try:
-                waited |= bool(self._sock.recv(1 << 16, socket.MSG_DONTWAIT))
+                self._sock.recv(1 << 16, socket.MSG_DONTWAIT)
             except BlockingIOError:
-                return waited
+                return
             except OSError as exc:
                 if exc.errno != errno.ENOBUFS:
                     raise
-                waited = True
 
     def send(self, data: bytes | bytearray) -> None:
         """Send one buffer (a request, or a batch of them)."""

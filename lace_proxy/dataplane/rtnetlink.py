@@ -133,6 +133,8 @@ class RtnlChannel(Channel):
         body = _RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0) + _ATTR.pack(8, RTA_TABLE)
         out = []
         for payload in self._dump(RTM_GETROUTE, body + _U32.pack(table)):
+            if payload[0] != family:  # IPv6 off (ipv6.disable=1): IPv4 answers
+                continue
             msg = rtmsg(header(16 + len(payload), RTM_GETROUTE - 2, 0, 0) + payload)
             msg.decode()
             out.append(msg)

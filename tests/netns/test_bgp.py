@@ -67,25 +67,25 @@ def both(router: FrrRouter) -> dict[str, tuple[str, tuple[str, ...], bool]]:
 def test_routes_appear_with_the_nodes_address_and_go_without_a_session_reset(
     router: FrrRouter, speaker: Speaker
 ) -> None:
-    speaker.sync(FACTS, {"192.0.2.10/32": ("65000:100", "65001:1:2"), "fd00:96::12/128": ()})
+    speaker.sync(FACTS, {"192.0.2.10/32": ("65000:100", "65001:1:2"), "fd00:96::12/128": ()}, {})
     want = {
         "192.0.2.10/32": (UPLINK_NODE4, ("65000:100", "65001:1:2"), False),
         "fd00:96::12/128": (UPLINK_NODE6, (), False),
     }
     assert router.wait_for("routes", lambda: both(router) == want and both(router)) == want
     assert [p.state for p in speaker.peers()] == ["Established"]
-    speaker.sync(FACTS, {"fd00:96::12/128": ()})  # 192.0.2.10 withdrawn
+    speaker.sync(FACTS, {"fd00:96::12/128": ()}, {})  # 192.0.2.10 withdrawn
     router.wait_for("withdrawal", lambda: "192.0.2.10/32" not in both(router))
     assert both(router) == {"fd00:96::12/128": want["fd00:96::12/128"]}
     assert router.peer(UPLINK_NODE4)["connectionsEstablished"] == 1  # no session reset
-    assert not speaker.sync(FACTS, {"fd00:96::12/128": ()})  # the same again: nothing to do
+    assert not speaker.sync(FACTS, {"fd00:96::12/128": ()}, {})  # the same again: nothing to do
 
 
 def test_a_killed_bird_is_started_again_and_the_router_keeps_the_routes(
     router: FrrRouter, speaker: Speaker
 ) -> None:
     routes = {"192.0.2.10/32": ()}
-    speaker.sync(FACTS, routes)
+    speaker.sync(FACTS, routes, {})
     router.wait_for("the route", lambda: "192.0.2.10/32" in router.routes(4))
     assert speaker._process is not None
     os.kill(speaker._process.pid, signal.SIGKILL)
@@ -177,7 +177,7 @@ def test_the_bgp_command_shows_the_peers_state_and_the_routes(
     header = {"apiVersion": LACE_API_VERSION, "kind": "KubeProxyConfiguration"}
     config.write_text(yaml.safe_dump({**header, "lace": {"bgp": bgp}}))
     argv = ["bgp", "--config", str(config), "--hostname-override", NODE, "-o", "json"]
-    speaker.sync(FACTS, {"192.0.2.10/32": ("65000:7",)})
+    speaker.sync(FACTS, {"192.0.2.10/32": ("65000:7",)}, {})
     router.wait_for("the session", lambda: router.peer(UPLINK_NODE4).get("state") == "Established")
     assert main(argv) == 0
     shown = json.loads(capsys.readouterr().out)
@@ -196,7 +196,7 @@ def test_the_bgp_command_shows_the_peers_state_and_the_routes(
 def test_cleanup_withdraws_the_routes_and_removes_the_speakers_files(
     router: FrrRouter, speaker: Speaker
 ) -> None:
-    speaker.sync(FACTS, {"192.0.2.10/32": ()})
+    speaker.sync(FACTS, {"192.0.2.10/32": ()}, {})
     router.wait_for("the route", lambda: "192.0.2.10/32" in router.routes(4))
     other = Speaker(speaker.settings)  # `lace-proxy cleanup`: not the process that runs BIRD
     assert other.cleanup()
@@ -281,7 +281,7 @@ def test_a_router_that_goes_away_and_comes_back_learns_the_routes_again(
     start = (testbed.client.ns.name, tmp_path / "frr", ROUTER_ASN, CLIENT4, neighbors)
     routes = {"192.0.2.10/32": ("65000:7",)}
     with FrrRouter(*start) as router:
-        speaker.sync(FACTS, routes)
+        speaker.sync(FACTS, routes, {})
         router.wait_for("the route", lambda: "192.0.2.10/32" in router.routes(4))
     # The router is gone: the session is down, and the speaker says so.
     deadline = time.monotonic() + 30
@@ -289,7 +289,7 @@ def test_a_router_that_goes_away_and_comes_back_learns_the_routes_again(
         assert time.monotonic() < deadline, "the session outlived its router"
         time.sleep(0.2)
     assert speaker.peers()[0].state in ("Idle", "Connect", "Active")
-    speaker.sync(FACTS, routes)  # meanwhile: nothing changed, nothing refused
+    speaker.sync(FACTS, routes, {})  # meanwhile: nothing changed, nothing refused
     with FrrRouter(*start) as router:
         router.wait_for("the route again", lambda: "192.0.2.10/32" in router.routes(4))
         assert router.routes(4)["192.0.2.10/32"] == (UPLINK_NODE4, ("65000:7",), False)
@@ -352,14 +352,14 @@ def test_a_refused_configuration_changes_nothing_and_the_next_sync_converges(
     """BIRD refuses a route set (a community out of range, which the announcement never
     makes: the speaker's own input is not checked twice): it keeps announcing what it had,
     the speaker still reports that, and a good set goes through."""
-    speaker.sync(FACTS, {"192.0.2.10/32": ()})
+    speaker.sync(FACTS, {"192.0.2.10/32": ()}, {})
     router.wait_for("the route", lambda: set(router.routes(4)) == {"192.0.2.10/32"})
     bad = {"192.0.2.10/32": (), "192.0.2.11/32": ("70000:1",)}
     with pytest.raises(BirdError, match="refused 'configure'"):
-        speaker.sync(FACTS, bad)
+        speaker.sync(FACTS, bad, {})
     assert speaker.routes == {"192.0.2.10/32": ()}  # what BIRD announces, not what was asked
     assert set(router.routes(4)) == {"192.0.2.10/32"}
-    assert speaker.sync(FACTS, {"192.0.2.10/32": (), "192.0.2.11/32": ("65000:1",)})
+    assert speaker.sync(FACTS, {"192.0.2.10/32": (), "192.0.2.11/32": ("65000:1",)}, {})
     router.wait_for("both", lambda: set(router.routes(4)) == {"192.0.2.10/32", "192.0.2.11/32"})
 
 
@@ -386,8 +386,9 @@ def test_a_peers_key_comes_from_a_file_and_a_new_key_is_taken_at_the_next_sync(
     testbed: Testbed, tmp_path: Path
 ) -> None:
     """TCP MD5 with the key in a file (a mounted Secret's): the session comes up with it; a
-    file that cannot be read is an error, logged and counted, and the session stays; the
-    router's and the file's new key meet at the next sync."""
+    file that cannot be read is an error, logged and counted, and the session goes on with
+    the last key, routes coming and going; the router's and the file's new key meet at the
+    next sync."""
     key = tmp_path / "secret" / "router-key"
     key.parent.mkdir()
     key.write_text("first-key\n")  # as a Secret's value often ends
@@ -414,11 +415,18 @@ def test_a_peers_key_comes_from_a_file_and_a_new_key_is_taken_at_the_next_sync(
             router.wait_for("the LB IP", lambda: f"{LB4}/32" in router.routes(4))
             assert 'password "first-key";' in (tmp_path / "bird" / "bird.conf").read_text()
 
-            key.unlink()  # the Secret's volume without the key: BIRD keeps what it has
-            harness.sync(full=True)
+            # The Secret's volume without the key: the session keeps its last key, and
+            # routes still come and go.
+            key.unlink()
+            harness.write("web", web)  # no endpoint: withdrawn
+            harness.sync()
+            router.wait_for("the withdrawal", lambda: not router.routes(4))
             exposition = metrics.exposition()[0].decode()
             assert 'lace_proxy_bgp_errors_total{kind="failed"} 1.0' in exposition
-            assert router.peer(UPLINK_NODE4)["state"] == "Established"
+            assert router.peer(UPLINK_NODE4)["connectionsEstablished"] == 1
+            harness.write("web", web, endpoints("web", testbed.pods))
+            harness.sync()
+            router.wait_for("the LB IP back", lambda: f"{LB4}/32" in router.routes(4))
 
             router.set_password(UPLINK_NODE4, "second-key")
             key.write_text("second-key\n")

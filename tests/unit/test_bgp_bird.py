@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ SETTINGS = LaceBgpConfig(
     graceful_restart_time=30,
     directory="/run/bgp",
 )
-KEYS = read_passwords(SETTINGS.peers)
+KEYS, _ = read_passwords(SETTINGS.peers, {})
 
 
 def test_the_configuration_for_a_dual_stack_node() -> None:
@@ -103,16 +104,50 @@ def test_keys_come_from_the_config_or_from_files_read_now(tmp_path: Path) -> Non
         BgpPeer("10.0.0.2", 1, password_file=str(key)),
         BgpPeer("10.0.0.3", 1),
     )
-    assert read_passwords(peers) == {"10.0.0.1": "inline", "10.0.0.2": "from-a-secret"}
+    keys, problems = read_passwords(peers, {})
+    assert (keys, problems) == ({"10.0.0.1": "inline", "10.0.0.2": "from-a-secret"}, [])
     key.write_text("replaced")  # kubelet swaps a Secret's files: read again, the new key
-    assert read_passwords(peers)["10.0.0.2"] == "replaced"
-    key.write_text('a"b')
-    with pytest.raises(BirdError, match=f"10.0.0.2's passwordFile {key}: the key may hold"):
-        read_passwords(peers)
-    key.unlink()
-    with pytest.raises(BirdError, match=f"cannot read peer 10.0.0.2's passwordFile {key}"):
-        read_passwords(peers)
-    assert read_passwords(peers[:1]) == {"10.0.0.1": "inline"}  # only the peers asked for
+    assert read_passwords(peers, keys)[0]["10.0.0.2"] == "replaced"
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (None, "cannot be read"),
+        ("", "is empty"),
+        ("\n", "is empty"),
+        ('a"b', "may hold printable ASCII only"),
+        ("k" * 81, "is longer than 80 bytes"),
+        ("k" * 5000, "is longer than 80 bytes"),
+        ("k\u00e9y", "cannot be read"),  # not ASCII
+        ("fifo", "not a regular file"),
+    ],
+)
+def test_a_key_file_that_fails_keeps_the_last_key_or_leaves_the_peer_out(
+    tmp_path: Path, content: str | None, problem: str
+) -> None:
+    """A peer's key file that fails costs that peer only: its last good key is kept, or
+    without one the peer is left out of the configuration; nothing raises."""
+    key = tmp_path / "key"
+    if content == "fifo":
+        os.mkfifo(key)  # would block a plain read forever
+    elif content is not None:
+        key.write_text(content)
+    peers = (
+        BgpPeer("10.0.0.1", 1, password="inline"),
+        BgpPeer("10.0.0.2", 1, password_file=str(key)),
+    )
+    keys, problems = read_passwords(peers, {"10.0.0.2": "last-good"})
+    assert keys == {"10.0.0.1": "inline", "10.0.0.2": "last-good"}
+    [told] = problems
+    assert told.startswith(f"peer 10.0.0.2's passwordFile {key}: the key ") and problem in told
+    assert told.endswith("its last key is kept")
+    keys, problems = read_passwords(peers, {})
+    assert keys == {"10.0.0.1": "inline", "10.0.0.2": None}
+    assert problems[0].endswith("the peer is left out until it has a key")
+    settings = dataclasses.replace(SETTINGS, peers=peers)
+    text = render_config(settings, NodeFacts(("10.250.0.1",)), "/run/bgp", keys)
+    assert "protocol bgp peer_10_0_0_1 {" in text and "peer_10_0_0_2" not in text
 
 
 def test_the_bgp_command_shows_this_nodes_peers_while_bird_does_not_run(

@@ -123,20 +123,24 @@ def test_links_are_read_with_their_names_and_mtus() -> None:
     ]
 
 
-def _route(table: int, dst: str, length: int, **attrs: object) -> bytes:
+def _route(family: int, table: int, dst: str, length: int, **attrs: object) -> bytes:
     msg = rtmsg()
-    msg["family"], msg["dst_len"], msg["type"] = socket.AF_INET, length, 1
+    msg["family"], msg["dst_len"], msg["type"] = family, length, 1
     msg["table"] = table if table < 256 else 252
     msg["attrs"] = [("RTA_TABLE", table), ("RTA_DST", dst), *attrs.items()]
     return _encoded(msg, 24)
 
 
 def test_routes_ask_the_kernel_for_one_table_and_come_back_as_pyroute2_reads_them() -> None:
-    answers = [_route(1000, "10.96.0.0", 12, RTA_OIF=4, RTA_PREFSRC="192.0.2.1")]
+    answers = [
+        _route(socket.AF_INET6, 1000, "fd00:96::", 108, RTA_OIF=4, RTA_PREFSRC="fd00::1"),
+        # With IPv6 off at boot, the kernel answers an IPv6 dump with IPv4 routes.
+        _route(socket.AF_INET, 1000, "10.96.0.0", 12, RTA_OIF=4),
+    ]
     kernel = DumpingKernel(answers)
     (route,) = _channel(kernel).routes(socket.AF_INET6, 1000)
     request = kernel.requests[0]
     assert struct.unpack_from("=BBBBBBBBI", request, 16) == (socket.AF_INET6, *[0] * 8)
     assert struct.unpack_from("=HHI", request, 28) == (8, rtnetlink.RTA_TABLE, 1000)
-    assert (route.get("table"), route.get("dst"), route["dst_len"]) == (1000, "10.96.0.0", 12)
-    assert (route.get("oif"), route.get("prefsrc"), route["type"]) == (4, "192.0.2.1", 1)
+    assert (route.get("table"), route.get("dst"), route["dst_len"]) == (1000, "fd00:96::", 108)
+    assert (route.get("oif"), route.get("prefsrc"), route["type"]) == (4, "fd00::1", 1)
