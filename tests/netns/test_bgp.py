@@ -443,3 +443,40 @@ def test_a_peers_key_comes_from_a_file_and_a_new_key_is_taken_at_the_next_sync(
         finally:
             harness.close()
             speaker.stop(withdraw=True)
+
+
+def test_a_restart_refreshes_the_routes_while_another_peer_never_answers(
+    testbed: Testbed, router: FrrRouter, tmp_path: Path
+) -> None:
+    """After a restart (BIRD in recovery, `-R`), a router whose BGP packets are lost does
+    not hold back the refresh of the other router's routes: they do not stay stale."""
+    silent = "10.250.0.77"  # the client's too, where every BGP connection to it is dropped
+    rules = "table ip lacetest {\n chain in {\n  type filter hook input priority 0;\n"
+    rules += f"  ip daddr {silent} tcp dport 179 drop\n }}\n}}\n"
+    testbed.exec(testbed.client, ["ip", "addr", "add", f"{silent}/24", "dev", "eth0"])
+    testbed.exec(testbed.client, ["nft", "-f", "-"], input=rules)
+    settings = LaceBgpConfig(
+        enabled=True,
+        asn=NODE_ASN,
+        peers=(BgpPeer(CLIENT4, ROUTER_ASN, hold_time=9), BgpPeer(silent, ROUTER_ASN)),
+        graceful_restart_time=60,
+        directory=str(tmp_path / "bird"),
+    )
+    routes = {"192.0.2.10/32": ()}
+    first = Speaker(settings, netns=testbed.node.ns.name)
+    second = Speaker(settings, netns=testbed.node.ns.name)
+    try:
+        first.sync(FACTS, routes, {})
+        router.wait_for("the route", lambda: router.routes(4).get("192.0.2.10/32"))
+        first.stop()  # graceful: the router keeps the route, stale
+        router.wait_for("the route kept, stale", lambda: router.routes(4)["192.0.2.10/32"][2])
+        second.sync(FACTS, routes, {})
+        router.wait_for(
+            "the route refreshed", lambda: router.routes(4)["192.0.2.10/32"][2] is False
+        )
+        states = {p.address: p.state for p in second.peers()}
+        assert states[CLIENT4] == "Established" and states[silent] != "Established"
+    finally:
+        second.stop(withdraw=True)
+        testbed.exec(testbed.client, ["nft", "delete", "table", "ip", "lacetest"])
+        testbed.exec(testbed.client, ["ip", "addr", "del", f"{silent}/24", "dev", "eth0"])
