@@ -3,6 +3,7 @@ failure (not as a restart), and every sync tries again."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,7 @@ def test_nothing_is_announced_before_the_nodes_internal_ip(tmp_path: Path) -> No
 def test_aggregates_without_a_service_cidr_are_told_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="lace_proxy.bgp")  # whatever earlier tests set
     settings = LaceBgpConfig(
         enabled=True,
         asn=65001,
