@@ -135,7 +135,7 @@ def render_config(
             "}",
         ]
     for peer in peers_of(settings, node):
-        if peer.address in passwords and passwords[peer.address] is None:
+        if passwords.get(peer.address, "") is None:
             continue  # its key file fails: no session without its key
         local = node.address(6 if ":" in peer.address else 4)
         lines += [

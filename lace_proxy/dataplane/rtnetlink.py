@@ -17,6 +17,7 @@ import errno
 import ipaddress
 import socket
 import struct
+from collections.abc import Iterator
 from typing import NamedTuple
 
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
@@ -45,7 +46,7 @@ IFLA_MTU = 4
 RTA_TABLE = 15
 #: Dump ends that mean "nothing": the interface filtered by is gone (addresses), the table
 #: filtered by does not exist (routes).
-EMPTY = {RTM_GETADDR: errno.ENODEV, RTM_GETROUTE: errno.ENOENT, RTM_GETLINK: 0}
+EMPTY = {RTM_GETADDR: errno.ENODEV, RTM_GETROUTE: errno.ENOENT}
 _IFADDRMSG = struct.Struct("=BBBBI")  # family, prefix length, flags, scope, interface index
 _IFINFOMSG = struct.Struct("=BxHiII")  # family, type, index, flags, change mask
 _RTMSG = struct.Struct("=BBBBBBBBI")  # family, lengths, tos, table, protocol, scope, type, flags
@@ -111,21 +112,19 @@ class RtnlChannel(Channel):
     def addresses(self, index: int = 0) -> list[tuple[int, str]]:
         """Every address of the namespace with its interface's index, from one dump; with
         `index`, that interface's alone (none if it is gone)."""
-        out: list[tuple[int, str]] = []
-        for payload in self._dump(RTM_GETADDR, _IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, index)):
-            if (address := _address(payload)) is not None:
-                out.append((_IFADDRMSG.unpack_from(payload)[4], address))
-        return out
+        return [(fields[4], address) for fields, address in self._addresses(index)]
 
     def interface_addresses(self, index: int) -> list[InterfaceAddress]:
         """One interface's addresses with their prefix lengths, flags and scopes (none if
         the interface is gone)."""
-        out: list[InterfaceAddress] = []
+        return [InterfaceAddress(a, f[1], f[2], f[3]) for f, a in self._addresses(index)]
+
+    def _addresses(self, index: int) -> Iterator[tuple[tuple[int, ...], str]]:
+        """Each address of one dump (`index` 0: every interface's) with its ifaddrmsg's
+        fields (family, prefix length, flags, scope, interface index)."""
         for payload in self._dump(RTM_GETADDR, _IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, index)):
-            _, prefixlen, flags, scope, _ = _IFADDRMSG.unpack_from(payload)
             if (address := _address(payload)) is not None:
-                out.append(InterfaceAddress(address, prefixlen, flags, scope))
-        return out
+                yield _IFADDRMSG.unpack_from(payload), address
 
     def routes(self, family: int, table: int) -> list[rtmsg]:
         """The routes of one table and family (none if the table does not exist), decoded
@@ -158,6 +157,6 @@ class RtnlChannel(Channel):
                 code = -struct.unpack_from("=i", payload)[0] if len(payload) >= 4 else 0
                 if code == 0:
                     return out
-                if code == EMPTY[command]:
+                if code == EMPTY.get(command):
                     return []
                 raise OSError(code, f"dumping {WHAT[command]}: {reason(Answer(code))}")
