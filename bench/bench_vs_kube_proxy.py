@@ -17,12 +17,16 @@ Per proxy and size, seen from the kernel and from the cgroups, never from the pr
 metrics:
 
 - start → first full sync: from spawning the process until every Service's ClusterIP key
-  (`ip . tcp . 80`) is in its ClusterIP map (`ip kube-proxy` `service-ips`, `inet lace-proxy`
-  `service-ips-v4`). Polled every 0.2 s with one netlink lookup of a sample of keys (not
-  `nft get element`, which fetches every set first: 4 s at 10k Services under kube-proxy),
-  then confirmed by listing the whole map; the time is the end of the lookup that found them
-  (resolution: the poll interval). Not reached within `--limit` seconds: "> limit", and the
-  updates are skipped.
+  (`ip . tcp . 80`) is where the proxy dispatches ClusterIPs from (`ip kube-proxy`: the map
+  `service-ips`; `inet lace-proxy`: the set of the service's kind, `frontends-lb-v4` for
+  these, or the map `service-ips-v4`). Polled every 0.2 s with netlink lookups of a sample of
+  keys (not `nft get element`, which fetches every set first: 4 s at 10k Services under
+  kube-proxy), then confirmed by listing those sets and maps whole; the time is the end of
+  the lookup that found them (resolution: the poll interval). Not reached within `--limit`
+  seconds: "> limit", and the updates are skipped. Once per run the detection is held to
+  `nft list ruleset`: a ClusterIP key in a set or map the probe does not ask (the proxy's
+  layout moved, as lace-proxy's did from `service-ips-v4` to `frontends-*`) is reported as a
+  bench error and the bench exits 1.
 - update → kernel: `--updates` times, one at a time about `--gap` seconds apart (more than
   minSyncPeriod, so neither proxy's rate limit is what is measured), one endpoint address of
   a random Service's EndpointSlice is replaced by a fresh one (JSON patch). The time runs from
@@ -90,6 +94,7 @@ import aiohttp
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # testkit: test support, not shipped
 
+from lace_proxy.dataplane.nftables.skeleton import FRONTEND_KINDS  # noqa: E402
 from lace_proxy.model import EndpointSlice, LaceObject, Node, Service, ServiceCIDR  # noqa: E402
 from testkit.controlplane.build import Binaries, binaries, is_built  # noqa: E402
 from testkit.controlplane.cluster import ControlPlane  # noqa: E402
@@ -136,18 +141,27 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 @dataclass(frozen=True)
 class Proxy:
-    """One proxy under test, and where its nftables table keeps the ClusterIPs."""
+    """One proxy under test, and where its nftables table keeps the ClusterIPs: the sets and
+    maps (kind, name) that send a ClusterIP's key to its endpoints."""
 
     name: str
     family: str
     table: str
-    service_map: str
+    containers: tuple[tuple[str, str], ...]
     node: str
 
 
 PROXIES = (
-    Proxy("kube-proxy", "ip", "kube-proxy", "service-ips", "node-kube-proxy"),
-    Proxy("lace-proxy", "inet", "lace-proxy", "service-ips-v4", "node-lace-proxy"),
+    Proxy("kube-proxy", "ip", "kube-proxy", (("map", "service-ips"),), "node-kube-proxy"),
+    Proxy(
+        "lace-proxy",
+        "inet",
+        "lace-proxy",
+        # A plain service's frontend is in the set of its kind; service-ips only holds the
+        # rare per-service chains' (ClientIP affinity). check_detection holds this to nft.
+        (*(("set", f"frontends-{kind}-v4") for kind in FRONTEND_KINDS), ("map", "service-ips-v4")),
+        "node-lace-proxy",
+    ),
 )
 
 
@@ -317,33 +331,38 @@ def _service_key(i: int) -> bytes:
 
 
 class ElementProbe:
-    """Asks the kernel whether the proxy's ClusterIP map holds given keys: one netlink
-    GETSETELEM, a hash lookup per key. (`nft get element` fetches every set's elements
-    first: 4 s at 10k Services under kube-proxy, which would steal a core from the proxy.)"""
+    """Asks the kernel whether the proxy's ClusterIP sets and maps hold given keys: one netlink
+    GETSETELEM per key and container, a hash lookup each. (`nft get element` fetches every
+    set's elements first: 4 s at 10k Services under kube-proxy, which would steal a core
+    from the proxy.)"""
 
     def __init__(self, netns: str, proxy: Proxy) -> None:
         self.sock = _netlink_in(netns)
         self.sock.settimeout(10.0)
         self.family = NFPROTO[proxy.family]
-        self.names = _nla(NFTA_SET_ELEM_LIST_TABLE, proxy.table.encode() + b"\0") + _nla(
-            NFTA_SET_ELEM_LIST_SET, proxy.service_map.encode() + b"\0"
-        )
+        table = _nla(NFTA_SET_ELEM_LIST_TABLE, proxy.table.encode() + b"\0")
+        self.containers = [
+            table + _nla(NFTA_SET_ELEM_LIST_SET, name.encode() + b"\0")
+            for _kind, name in proxy.containers
+        ]
         self.seq = 0
 
     def holds(self, indexes: list[int]) -> bool:
-        """True when every key is there; a missing one, map or table is False (ENOENT)."""
-        elements = b"".join(
-            _nla(NLA_F_NESTED | NFTA_LIST_ELEM,
-                 _nla(NLA_F_NESTED | NFTA_SET_ELEM_KEY, _nla(NFTA_DATA_VALUE, _service_key(i))))
-            for i in indexes
-        )  # fmt: skip
-        body = struct.pack("=BBH", self.family, 0, 0) + self.names
+        """True when every key is in one of the containers."""
+        return all(any(self._lookup(c, i) for c in self.containers) for i in indexes)
+
+    def _lookup(self, names: bytes, i: int) -> bool:
+        """Whether one container holds Service i's key; a missing key, set or table is False
+        (ENOENT)."""
+        key = _nla(NLA_F_NESTED | NFTA_SET_ELEM_KEY, _nla(NFTA_DATA_VALUE, _service_key(i)))
+        elements = _nla(NLA_F_NESTED | NFTA_LIST_ELEM, key)
+        body = struct.pack("=BBH", self.family, 0, 0) + names
         body += _nla(NLA_F_NESTED | NFTA_SET_ELEM_LIST_ELEMENTS, elements)
         self.seq += 1
         kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETSETELEM
         header = struct.pack("=IHHII", 16 + len(body), kind, NLM_F_REQUEST | NLM_F_ACK, self.seq, 0)
         self.sock.send(header + body)
-        while True:  # a reply per key found, then the acknowledgement (0 or -ENOENT)
+        while True:  # the element if found, then the acknowledgement (0 or -ENOENT)
             data = self.sock.recv(1 << 20)
             offset = 0
             while offset + 16 <= len(data):
@@ -356,16 +375,53 @@ class ElementProbe:
         self.sock.close()
 
 
+def _element_keys(elements: list[Any]) -> Iterator[tuple[Any, ...]]:
+    """The concatenated keys of a set's or map's elements as `nft -j` lists them (a map's
+    element is [key, value]; an element with options is {"elem": {"val": key, ...}})."""
+    for element in elements:
+        key = element[0] if isinstance(element, list) else element
+        if isinstance(key, dict) and "elem" in key:
+            key = key["elem"]["val"]
+        if isinstance(key, dict) and "concat" in key:
+            yield tuple(key["concat"])
+
+
 def holds_all(netns: str, proxy: Proxy, size: int) -> bool:
-    """Whether the map has every Service's key (lists the whole map)."""
-    listed = _nft(netns, "-j", "list", "map", proxy.family, proxy.table, proxy.service_map)
-    if listed.returncode != 0:
-        return False
-    keys = set()
-    for obj in json.loads(listed.stdout)["nftables"]:
-        for key, _verdict in obj.get("map", {}).get("elem", []):
-            keys.add(tuple(key["concat"]))
+    """Whether the containers have every Service's key between them (lists each whole)."""
+    keys: set[tuple[Any, ...]] = set()
+    for kind, name in proxy.containers:
+        listed = _nft(netns, "-j", "list", kind, proxy.family, proxy.table, name)
+        if listed.returncode != 0:
+            continue
+        for obj in json.loads(listed.stdout)["nftables"]:
+            keys.update(_element_keys(obj.get(kind, {}).get("elem", [])))
     return all((cluster_ip(i), "tcp", PORT) in keys for i in range(size))
+
+
+def check_detection(proxy: Proxy, objects: list[dict[str, Any]], size: int) -> str | None:
+    """Hold the first-sync detection to `nft list ruleset` (once per run, on the objects
+    listed after it): every Service's ClusterIP key found in any set or map of the proxy's
+    table must be in the containers the probe asks. None if so, else what it misses where
+    (the probe would wait for keys the proxy put elsewhere)."""
+    wanted = {(cluster_ip(i), "tcp", PORT) for i in range(size)}
+    probed = {name for _kind, name in proxy.containers}
+    found: dict[str, set[tuple[Any, ...]]] = {}
+    for obj in objects:
+        for kind in ("set", "map"):
+            body = obj.get(kind)
+            if body is not None and (body["family"], body["table"]) == (proxy.family, proxy.table):
+                keys = wanted.intersection(_element_keys(body.get("elem", [])))
+                if keys:
+                    found[body["name"]] = keys
+    seen = set().union(*(keys for name, keys in found.items() if name in probed))
+    missed = {name: len(keys - seen) for name, keys in found.items() if keys - seen}
+    if not missed:
+        return None
+    where = ", ".join(f"{count:,} in {name}" for name, count in sorted(missed.items()))
+    return (
+        f"{proxy.name}: the first-sync probe asks {', '.join(sorted(probed))}, but nft lists "
+        f"ClusterIP keys it never asks for: {where}"
+    )
 
 
 def _anonymous_sets(expr: Any) -> Iterator[int]:
@@ -743,6 +799,7 @@ def measure(
         result["charged_peak_bytes"] = cgroups.charged_peak()
         result["programs"] = sorted(cgroups.programs)
         objects = ruleset(netns)
+        result["detection_error"] = check_detection(seat.proxy, objects, size)
         result["objects"] = count_objects(objects)
         result["objects_by_table"] = objects_by_table(objects)
     return result
@@ -908,6 +965,8 @@ def print_size(entry: dict[str, Any], out: TextIO) -> None:
         w(f"  {run['proxy']}'s process tree: {', '.join(run['programs'])}")
         if "error" in run:
             w(f"  {run['error']}")
+        if run["detection_error"]:
+            w(f"  BENCH ERROR, its first sync is misread: {run['detection_error']}")
     source, main_peak, main_end = entry["source"], lace["main_peak_bytes"], lace["main_end_bytes"]
     if main_peak and main_end:
         own = source["peak_bytes"] - source["baseline_bytes"]
@@ -1088,7 +1147,8 @@ def main(argv: list[str] | None = None) -> int:
     results = run(args, bins)
     if args.json:
         print(json.dumps(_jsonable({"machine": info, "results": results}), indent=2))
-    return 0
+    misread = [r for e in results for r in e["runs"].values() if r["detection_error"]]
+    return 1 if misread else 0
 
 
 if __name__ == "__main__":

@@ -206,6 +206,7 @@ def run(
             metrics=metrics.source_event,
             on_contact=health.source_contact,
         )
+    proxier.describe_source(name, source.waiting)
     log.info(
         "lace-proxy %s (%s table) on node %s, mode %s, source %s (%s)",
         __version__,

@@ -2,7 +2,9 @@
 
 * `ProxierHealth`: is the proxy keeping up? It is told when changes are queued and when syncs
   succeed; a change left unprogrammed for 2 x syncPeriod makes it unhealthy. /healthz also
-  fails while the node is being deleted (so load balancers drain it first); /livez does not.
+  fails while the node is being deleted (so load balancers drain it first), and once the proxy
+  has waited that long for its first programmed state (its body says what for); /livez does
+  not.
 * `ServiceHealthServers`: one listener per healthCheckNodePort (LoadBalancer services with
   externalTrafficPolicy Local), telling the cloud load balancer whether this node has local
   endpoints; `HealthCheckPorts` derives what they serve from the plans each sync programs.
@@ -94,6 +96,8 @@ class ProxierHealth:
         self._oldest_queued: float | None = None
         self._node_eligible = True
         self._sources_lost: dict[str, float] = {}  # resource -> when contact was lost
+        self._started: float | None = None
+        self._waiting: Callable[[], list[str]] | None = None
 
     def queued(self) -> None:
         """A change that needs a sync arrived; the oldest unprogrammed one sets the deadline."""
@@ -119,6 +123,32 @@ class ProxierHealth:
         else:
             self._sources_lost.setdefault(resource, self._clock())
 
+    def starting(self, waiting: Callable[[], list[str]]) -> None:
+        """The proxy starts: until `waiting()` is empty, nothing of this run is programmed.
+
+        kube-proxy stays healthy while it starts, however long; here /healthz (the
+        readiness probe) turns 503 once that lasts 2 x syncPeriod, as a queued change does,
+        so a node that serves nothing (or only what its kernel held) is seen, and a rollout
+        waits. /livez does not: a restart would only start the lists over. Both bodies carry
+        `waitingFor` (what it waits for) while it waits.
+        """
+        self._started = self._clock()
+        self._waiting = waiting
+
+    def _started_too_long(self, now: float) -> bool:
+        """Whether the proxy has waited the health timeout for its first programmed state."""
+        started = self._started
+        return started is not None and now - started >= self.timeout and bool(self._waiting_for())
+
+    def _waiting_for(self) -> list[str]:
+        """What the proxy still waits for before its first programmed state ([] if nothing)."""
+        if self._waiting is None:
+            return []
+        waiting = self._waiting()
+        if not waiting:
+            self._waiting = None  # programmed: it never waits again in this run
+        return waiting
+
     def node_eligible(self, eligible: bool) -> None:
         """Whether this node should receive load-balancer traffic (see `is_node_eligible`)."""
         self._node_eligible = eligible
@@ -126,10 +156,12 @@ class ProxierHealth:
     def healthy(self) -> bool:
         """Whether syncing works (what the service health checks report): an API outage
         seen on every node must not take every node out of the load balancers."""
-        return self._healthy(self._clock(), sources=False)
+        return self._healthy(self._clock(), readiness=False)
 
-    def _healthy(self, now: float, *, sources: bool = True) -> bool:
-        if sources and any(now - lost >= self.timeout for lost in self._sources_lost.values()):
+    def _healthy(self, now: float, *, readiness: bool = True) -> bool:
+        if readiness and any(now - lost >= self.timeout for lost in self._sources_lost.values()):
+            return False
+        if readiness and self._started_too_long(now):
             return False
         return (
             self._last_updated is None
@@ -149,7 +181,7 @@ class ProxierHealth:
         """/livez: whether syncing works (a node being drained, or a proxy that cannot reach
         the API, is still alive)."""
         now = self._clock()
-        healthy = self._healthy(now, sources=False)
+        healthy = self._healthy(now, readiness=False)
         code = 200 if healthy else 503
         self._metrics.record_livez(code)
         return code, self._body(now, healthy, healthy, None)
@@ -173,6 +205,9 @@ class ProxierHealth:
         if last is not None:  # one sync programs every family: they share one state
             family_status = {"lastUpdated": _go_time(last), "healthy": proxier_healthy}
             body["status"] = dict.fromkeys(self._metrics.families, family_status)
+        waiting = self._waiting_for()
+        if waiting:  # lace-proxy's own field: kube-proxy's clients read past it
+            body["waitingFor"] = waiting
         return body
 
 

@@ -3,7 +3,9 @@
 Sources call the change-tracker methods on the event loop; they only update the table and
 wake the loop. The loop coalesces changes: at most one sync per `min_sync_period`, a full
 reconcile every `sync_period`, and nothing is programmed before every source has
-delivered its initial state. The dataplane runs in its own thread (pyroute2 and the nft
+delivered its initial state; until the first sync has programmed it, the log (after
+`startup_report` seconds, and as often again) and /healthz say what the proxy waits for
+(`waiting_for`). The dataplane runs in its own thread (pyroute2 and the nft
 subprocess must stay off the uvloop loop); a failed sync commits nothing and the next
 one is a full reconcile, retried with exponential backoff (see `retry_delay`). What it
 calls on the dataplane is the contract in `lace_proxy.dataplane.base`.
@@ -12,6 +14,7 @@ calls on the dataplane is the contract in `lace_proxy.dataplane.base`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -33,6 +36,9 @@ from lace_proxy.networks.view import NetworkView
 from lace_proxy.table import Access, Plan, ServiceTable
 
 log = logging.getLogger(__name__)
+
+#: Seconds after starting without a first sync before the log says what the proxy waits for.
+STARTUP_REPORT = 60.0
 
 
 @dataclass
@@ -67,6 +73,7 @@ class Proxier:
         node_pod_cidrs: Callable[[tuple[str, ...]], None] | None = None,
         takeover: Callable[[], None] | None = None,
         announce: Callable[[Iterable[Plan], NetworkLayout, Node | None], None] | None = None,
+        startup_report: float = STARTUP_REPORT,
     ) -> None:
         self.table = table
         self.dataplane = dataplane
@@ -79,6 +86,10 @@ class Proxier:
         self._hc_ports = HealthCheckPorts()
         self.metrics.watch_table(table)
         self._waiting_for = set(sources)
+        # Per source: what it has not delivered yet (see describe_source).
+        self._source_waiting: dict[str, Callable[[], list[str]]] = {}
+        self.startup_report = startup_report
+        self._started: float | None = None  # when run() began
         self.lace: dict[tuple[str, str], LaceObject] = {}  # Networks and policies, by kind
         self.service_cidrs: dict[str, ServiceCIDR] = {}  # by name
         self.networks = NetworkView()
@@ -288,6 +299,44 @@ class Proxier:
         """True once every source has delivered its initial state."""
         return not self._waiting_for
 
+    def describe_source(self, name: str, waiting: Callable[[], list[str]]) -> None:
+        """How source `name` tells what it has not delivered yet (one line per resource),
+        for `waiting_for`."""
+        self._source_waiting[name] = waiting
+
+    def waiting_for(self) -> list[str]:
+        """What stands between the proxy and its first programmed state, one line each;
+        empty once a sync has succeeded. A node whose proxy waits serves only what its kernel
+        held before (nothing on a new node), so the operator must be able to see why."""
+        if self.stats.syncs:
+            return []
+        if self._waiting_for:
+            lines = []
+            for name in sorted(self._waiting_for):
+                describe = self._source_waiting.get(name)
+                details = describe() if describe is not None else []
+                lines += [f"{name} source: {d}" for d in details] or [f"{name} source"]
+            return lines
+        if self.stats.last_error is not None:
+            return [f"a first sync the kernel takes (the last one failed: {self.stats.last_error})"]
+        return ["the first sync (running)"]
+
+    async def _report_startup(self, stop: asyncio.Event) -> None:
+        """Log what the proxy waits for every `startup_report` seconds until the first sync
+        succeeds (or the proxy stops)."""
+        started = time.monotonic()
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.startup_report)
+            waiting = self.waiting_for()
+            if stop.is_set() or not waiting:
+                return
+            log.warning(
+                "nothing programmed yet, %.0f s after starting: waiting for %s",
+                time.monotonic() - started,
+                "; ".join(waiting),
+            )
+
     def retry_delay(self) -> float:
         """How long after a failed sync the next try waits: min_sync_period (at least
         0.1 s), doubled with each failure in a row, at most sync_period. A kernel that keeps
@@ -303,9 +352,12 @@ class Proxier:
     async def run(self, stop: asyncio.Event) -> None:
         """Sync until `stop` is set."""
         last = last_full = float("-inf")
+        self._started = time.monotonic()
         self.health.updated()  # as kube-proxy: the loop starting counts as an update
+        self.health.starting(self.waiting_for)
         self.metrics.record_queued()
         stopper = asyncio.ensure_future(stop.wait())
+        reporter = asyncio.create_task(self._report_startup(stop), name="startup-report")
         try:
             while not stop.is_set():
                 waker = asyncio.ensure_future(self._wake.wait())
@@ -341,6 +393,7 @@ class Proxier:
                     last_full = last
         finally:
             stopper.cancel()
+            reporter.cancel()
             self._executor.shutdown(wait=True)
             if self._bgp_executor is not None:
                 self._bgp_executor.shutdown(wait=True)
@@ -391,6 +444,12 @@ class Proxier:
         self.stats.syncs += 1
         self.stats.failures_in_a_row = 0
         self.stats.last_sync_seconds = time.monotonic() - start
+        if full and self.stats.syncs == 1 and self._started is not None:
+            log.info(
+                "first sync programmed %.1f s after starting (%d plans)",
+                time.monotonic() - self._started,
+                len(plans),
+            )
         self.metrics.record_sync(self.stats.last_sync_seconds, full=full, ok=True)
         self.health.updated()
         if self.service_health is not None:

@@ -66,6 +66,12 @@ class ManifestSource:
         self._synced = False
         self._error: str | None = None
 
+    def waiting(self) -> list[str]:
+        """The folder, until it has been read once (`Proxier.describe_source`)."""
+        if self._synced:
+            return []
+        return [f"{self.path} ({self._error or 'not read yet'})"]
+
     def poll(self) -> bool:
         """Reload if the folder changed; True when something was delivered."""
         loaded = self.scan()

@@ -230,6 +230,22 @@ class Reflector:
         self.watch_restarts = 0
         self.pages = 0  # list responses read, all lists together
         self._synced = False
+        self._failure: str | None = None  # why the last request failed, until one succeeds
+        self._listing: tuple[int, int] | None = None  # (pages, objects) of the list under way
+
+    @property
+    def synced(self) -> bool:
+        """Whether its first list has been delivered."""
+        return self._synced
+
+    def progress(self) -> str:
+        """Where its first list stands, for the startup log and /healthz."""
+        if self._failure is not None:
+            return f"retrying after {self._failure}"
+        if self._listing is not None:
+            pages, objects = self._listing
+            return f"listing, {pages} pages of {self.timing.page_size} ({objects:,} objects) so far"
+        return "waiting for the API's first answer"
 
     # -- running --
 
@@ -258,6 +274,7 @@ class Reflector:
                 self.metrics("relist", self.resource.name)
             except Exception as exc:  # any failure: back off and retry
                 self._contact(False)
+                self._failure = _describe(exc)
                 self.watch_restarts += 1
                 self.metrics("watch_restart", self.resource.name)
                 log.warning("%s: %s; retrying in %.1fs", self.resource.name, _describe(exc), delay)
@@ -302,13 +319,15 @@ class Reflector:
                 raise Gone(_message(data))
             raise k8s.ApiException(status=response.status, reason=response.reason, body=data)
         self._contact(True)
+        self._failure = None
         return response
 
     async def _list(self) -> None:
         """Page by page, all at one resourceVersion (the first page's snapshot): delivered
         only once complete, as one list."""
         parsed: dict[str, Any] = {}
-        token, version = "", ""
+        token, version, pages = "", "", 0
+        self._listing = None
         while True:
             query = {"limit": str(self.timing.page_size)}
             if token:
@@ -319,8 +338,10 @@ class Reflector:
             finally:
                 response.release()
             self.pages += 1
+            pages += 1
             for raw in body.get("items") or []:
                 parsed[_object_key(raw)] = self._parse(raw)  # None: invalid, see _apply_list
+            self._listing = (pages, len(parsed))
             meta = body.get("metadata") or {}
             version = str(meta.get("resourceVersion") or version)
             token = meta.get("continue") or ""
@@ -328,6 +349,7 @@ class Reflector:
                 break
         self._apply_list(parsed)
         self.resource_version = version
+        self._listing = None
         self._mark_synced()
 
     def _mark_synced(self) -> None:
@@ -457,6 +479,13 @@ class KubeSource:
         self.metrics = metrics
         self.on_contact = on_contact
         self.reflectors: list[Reflector] = []
+
+    def waiting(self) -> list[str]:
+        """The resources whose first list has not been delivered, each with where it stands
+        (`Proxier.describe_source`)."""
+        if not self.reflectors:
+            return ["not started"]
+        return [f"{r.resource.name} ({r.progress()})" for r in self.reflectors if not r.synced]
 
     async def run(self, stop: asyncio.Event) -> None:
         """Watch until `stop` is set; ApiConfigError if the client cannot be configured."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -25,22 +26,30 @@ import yaml
 from kubernetes import config
 from kubernetes.aio.client import ApiClient
 
+from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.health import ProxierHealth
+from lace_proxy.metrics import ProxyMetrics
 from lace_proxy.model import (
     NETWORK_LABEL,
     SERVICE_PROXY_NAME_LABEL,
     ZONE_LABEL,
     Rejections,
 )
+from lace_proxy.proxier import Proxier
 from lace_proxy.sources.kube import (
     PROXY_SELECTOR,
+    SOURCE_NAME,
     ApiConnection,
+    KubeSource,
     Reflector,
     Timing,
     resources,
 )
+from lace_proxy.table import ServiceTable
 from testkit.controlplane.cluster import ControlPlane
 from testkit.controlplane.faultproxy import FaultProxy
 from testkit.controlplane.faults import Cut, compact_etcd, etcd_history_kept
+from testkit.fakenft import FakeNft
 
 from ..charts.conftest import NETWORKS_CHART, PROXY_CHART, VALUE_SETS, render
 from ..crdschema import kind_validator
@@ -924,3 +933,81 @@ def test_the_charts_service_account_is_refused_everything_else(
             "POST", where("Event", namespace=home), event, query={"dryRun": "All"}
         )
         assert status == 201, reply  # what it may write: Events
+
+
+# --- what a source that has not listed yet is waiting for ---------------------------------------
+
+
+def test_a_resource_the_source_may_not_list_is_named_with_the_apis_answer(
+    control_plane: ControlPlane, namespace: str, chart_rbac: dict[str, dict[str, Any]]
+) -> None:
+    """Without `list endpointslices` the source never syncs, so nothing is programmed: the
+    proxier's waiting_for (the startup log, /healthz) names the resource and the 403, and
+    only it."""
+    rules = [
+        {**rule, "resources": [r for r in rule["resources"] if r != "endpointslices"]}
+        for rule in chart_rbac["ClusterRole"]["rules"]
+    ]
+    rules = [rule for rule in rules if rule["resources"]]  # RBAC refuses an empty one
+    assert any("endpointslices" in r["resources"] for r in chart_rbac["ClusterRole"]["rules"])
+    kubeconfig = control_plane.service_account_kubeconfig(
+        unique("blind"), unique("no-slices"), namespace=namespace, rules=rules
+    )
+    metrics = ProxyMetrics()
+    health = ProxierHealth(30.0, metrics)
+    proxier = Proxier(
+        ServiceTable("no-such-node"),
+        NftablesBackend(NftablesSettings(), FakeNft()),
+        sources=[SOURCE_NAME],
+        metrics=metrics,
+        health=health,
+    )
+    source = KubeSource(
+        ApiConnection(kubeconfig=str(kubeconfig)), proxier, "no-such-node", timing=REAL
+    )
+    proxier.describe_source(SOURCE_NAME, source.waiting)
+    expected = ["kube source: endpointslices (retrying after API error 403 Forbidden)"]
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        running = asyncio.gather(source.run(stop), proxier.run(stop))
+        try:
+            await eventually(lambda: proxier.waiting_for() == expected)
+            assert health.healthz()[1]["waitingFor"] == expected
+            assert proxier.stats.syncs == 0
+            await asyncio.sleep(1.0)  # it keeps retrying, the others stay listed
+            assert proxier.waiting_for() == expected
+            assert {r.resource.name for r in source.reflectors if not r.synced} == {
+                "endpointslices"
+            }
+        finally:
+            stop.set()
+            await running
+
+    asyncio.run(main())
+
+
+def test_a_list_under_way_says_how_far_it_has_come(
+    fault_proxy: FaultProxy, admin: Rest, namespace: str
+) -> None:
+    """Pages of 2, each 0.2 s late: while the Services are listed, the source says how many
+    pages and objects it has read (a 30k list is 60 pages of 500)."""
+    for i in range(12):
+        admin.create(service(f"s{i}", namespace))
+    fault_proxy.latency(0.2)
+    progress = re.compile(r"services \(listing, ([0-9]+) pages of 2 \(([0-9,]+) objects\) so far\)")
+    seen: list[tuple[int, int]] = []
+
+    async def scenario(r: Running) -> None:
+        while not r.synced():
+            for line in r.source.waiting():
+                match = progress.fullmatch(line)
+                if match is not None:
+                    seen.append((int(match[1]), int(match[2].replace(",", ""))))
+            await asyncio.sleep(0.05)
+        assert r.source.waiting() == []
+
+    timing = replace(REAL, page_size=2, read_timeout=20.0)
+    run(fault_proxy.kubeconfig, scenario, mine=(f"{namespace}/",), timing=timing)
+    assert len({pages for pages, _ in seen}) >= 3, seen  # it moved on, page by page
+    assert all(objects == 2 * pages for pages, objects in seen), seen

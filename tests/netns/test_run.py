@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -168,6 +169,36 @@ def test_run_serves_health_and_metrics(running: tuple[Testbed, Path, str]) -> No
     assert reply.reply is not None and reply.reply.peer == UPLINK_NODE4, reply
     assert 'lace_proxy_egress_syncs_total{result="ok"} 1.0' in metrics
     assert http_get(tb.client, tb.node.ipv4, 10249, path="/metrics").startswith("error")
+
+
+def test_a_proxy_that_cannot_read_its_folder_says_so_on_healthz_then_converges(
+    make_testbed: Callable[..., Testbed], tmp_path: Path
+) -> None:
+    """Nothing is programmed before the source has delivered its state: /healthz names the
+    source and why it has not (the wiring of `run`; tests/unit/test_proxier_startup.py has
+    the log and the 503 after 2 x syncPeriod). Fixed, the proxy converges."""
+    tb = make_testbed(pods=3)
+    folder = tmp_path / "manifests"
+    os.mkfifo(folder)  # exists, but no folder: every scan fails
+    argv = run_argv(tb, folder, "nftables", tmp_path / "state.sock")
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: http_get(tb.node, "127.0.0.1", 10256, path="/healthz").startswith("{"))
+        body = json.loads(http_get(tb.node, "127.0.0.1", 10256, path="/healthz"))
+        assert body["waitingFor"] == [
+            f"files source: {folder} ([Errno 20] Not a directory: '{folder}')"
+        ]
+        folder.unlink()
+        folder.mkdir()
+        write(folder, service("web", [VIP4]), endpoints("web", tb.pods))
+        wait_for(lambda: answers(tb) == {"pod1", "pod2", "pod3"})
+        body = json.loads(http_get(tb.node, "127.0.0.1", 10256, path="/healthz"))
+        assert "waitingFor" not in body
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "cannot read manifests: [Errno 20] Not a directory" in err
 
 
 def inventory(tb: Testbed, what: str, *args: str) -> dict[str, Any]:
