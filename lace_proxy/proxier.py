@@ -90,6 +90,8 @@ class Proxier:
         self._source_waiting: dict[str, Callable[[], list[str]]] = {}
         self.startup_report = startup_report
         self._started: float | None = None  # when run() began
+        # From now: the health servers may answer before the loop runs.
+        self.health.starting(self.waiting_for)
         self.lace: dict[tuple[str, str], LaceObject] = {}  # Networks and policies, by kind
         self.service_cidrs: dict[str, ServiceCIDR] = {}  # by name
         self.networks = NetworkView()
@@ -354,7 +356,6 @@ class Proxier:
         last = last_full = float("-inf")
         self._started = time.monotonic()
         self.health.updated()  # as kube-proxy: the loop starting counts as an update
-        self.health.starting(self.waiting_for)
         self.metrics.record_queued()
         stopper = asyncio.ensure_future(stop.wait())
         reporter = asyncio.create_task(self._report_startup(stop), name="startup-report")
