@@ -323,10 +323,9 @@ class Proxier:
             return [f"a first sync the kernel takes (the last one failed: {self.stats.last_error})"]
         return ["the first sync (running)"]
 
-    async def _report_startup(self, stop: asyncio.Event) -> None:
+    async def _report_startup(self, stop: asyncio.Event, started: float) -> None:
         """Log what the proxy waits for every `startup_report` seconds until the first sync
-        succeeds (or the proxy stops)."""
-        started = time.monotonic()
+        succeeds (or the proxy stops); `started` is when run() began (monotonic)."""
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.startup_report)
@@ -354,11 +353,11 @@ class Proxier:
     async def run(self, stop: asyncio.Event) -> None:
         """Sync until `stop` is set."""
         last = last_full = float("-inf")
-        self._started = time.monotonic()
+        self._started = started = time.monotonic()
         self.health.updated()  # as kube-proxy: the loop starting counts as an update
         self.metrics.record_queued()
         stopper = asyncio.ensure_future(stop.wait())
-        reporter = asyncio.create_task(self._report_startup(stop), name="startup-report")
+        reporter = asyncio.create_task(self._report_startup(stop, started), name="startup-report")
         try:
             while not stop.is_set():
                 waker = asyncio.ensure_future(self._wake.wait())

@@ -277,7 +277,7 @@ class Reflector:
                 self._failure = _describe(exc)
                 self.watch_restarts += 1
                 self.metrics("watch_restart", self.resource.name)
-                log.warning("%s: %s; retrying in %.1fs", self.resource.name, _describe(exc), delay)
+                log.warning("%s: %s; retrying in %.1fs", self.resource.name, self._failure, delay)
                 await asyncio.sleep(delay * random.uniform(1.0, 1.5))
                 delay = min(delay * 2, self.timing.backoff_max)
 
