@@ -4,8 +4,10 @@ and metrics, wired together.
 `run` builds and runs the proxy; `computed_proxier` and `listed_proxier` build the same
 proxier for the commands that only inspect (never synced: nothing reaches the kernel), so
 every command derives its settings exactly as `run` does. The CLI parses flags and calls in
-here from the handlers that need it: this module imports everything, so nothing that only
-builds the parser imports it.
+here from the handlers that need it: this module imports everything a proxy always needs, so
+nothing that only builds the parser imports it. The API source (the Kubernetes client) and
+the BGP speaker are imported where they are chosen: a proxy on a manifest folder, or without
+BGP, starts without loading them (a third of the start-up's imports).
 """
 
 from __future__ import annotations
@@ -15,10 +17,9 @@ import logging
 import signal
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lace_proxy import __version__, implementation
-from lace_proxy.bgp.announcer import Announcer
-from lace_proxy.bgp.speaker import Speaker
 from lace_proxy.config import ProxyConfig
 from lace_proxy.dataplane.base import Dataplane
 from lace_proxy.dataplane.conntrack import Conntrack
@@ -44,10 +45,12 @@ from lace_proxy.proxier import Proxier
 from lace_proxy.sources import ChangeHandler
 from lace_proxy.sources.files import SOURCE_NAME as FILES
 from lace_proxy.sources.files import ManifestSource
-from lace_proxy.sources.kube import SOURCE_NAME as KUBE
-from lace_proxy.sources.kube import ApiConfigError, ApiConnection, KubeSource
 from lace_proxy.state_socket import StateServer
 from lace_proxy.table import ServiceTable
+
+if TYPE_CHECKING:
+    from lace_proxy.bgp.announcer import Announcer
+    from lace_proxy.sources.kube import KubeSource
 
 log = logging.getLogger("lace_proxy")
 
@@ -107,6 +110,9 @@ def bgp_announcer(cfg: ProxyConfig, metrics: ProxyMetrics) -> Announcer | None:
     """The BGP announcer with its speaker (BIRD), or None (lace.bgp.enabled false)."""
     if not cfg.lace.bgp.enabled:
         return None
+    from lace_proxy.bgp.announcer import Announcer
+    from lace_proxy.bgp.speaker import Speaker
+
     cidrs = tuple(str(n) for n in cfg.lace.service_cidrs)
     return Announcer(Speaker(cfg.lace.bgp), cidrs, metrics)
 
@@ -170,8 +176,10 @@ def run(
     if cfg.lace.manifests:
         name, where = FILES, str(manifests_path(cfg))
     else:
+        from lace_proxy.sources import kube
+
         kubeconfig = kubeconfig or cfg.client_connection.kubeconfig
-        name, where = KUBE, master or kubeconfig or "in-cluster config"
+        name, where = kube.SOURCE_NAME, master or kubeconfig or "in-cluster config"
     egress = egress_controller(cfg, metrics)
     announcer = bgp_announcer(cfg, metrics)
     proxier = Proxier(
@@ -193,12 +201,12 @@ def run(
     if name == FILES:
         source = ManifestSource(where, proxier, rejections, interval=poll_interval)
     else:
-        connection = ApiConnection(kubeconfig, master)
+        connection = kube.ApiConnection(kubeconfig, master)
         try:  # a bad kubeconfig is told before anything starts
             asyncio.run(connection.configuration())
-        except ApiConfigError as exc:
+        except kube.ApiConfigError as exc:
             raise SystemExit(f"lace-proxy: {exc}") from exc
-        source = KubeSource(
+        source = kube.KubeSource(
             connection,
             proxier,
             cfg.hostname_override,
@@ -290,11 +298,13 @@ def listed_proxier(
 ) -> Proxier:
     """A proxier fed from one complete list of the API, its table built and committed, never
     synced; `SourceError` if the lists do not arrive within `timeout` seconds."""
+    from lace_proxy.sources import kube
+
     table = ServiceTable(cfg.hostname_override)
-    proxier = Proxier(table, NftablesBackend(nftables_settings(cfg)), sources=[KUBE])
+    proxier = Proxier(table, NftablesBackend(nftables_settings(cfg)), sources=[kube.SOURCE_NAME])
     rejections = Rejections(on_reject=on_reject)
-    server = ApiConnection(kubeconfig or cfg.client_connection.kubeconfig, master)
-    source = KubeSource(server, proxier, cfg.hostname_override, rejections)
+    server = kube.ApiConnection(kubeconfig or cfg.client_connection.kubeconfig, master)
+    source = kube.KubeSource(server, proxier, cfg.hostname_override, rejections)
 
     async def listed() -> None:
         stop = asyncio.Event()
@@ -310,7 +320,7 @@ def listed_proxier(
                 f"{server.describe()}: no complete list of services and endpoint slices "
                 f"within {timeout:g} s (is the API server reachable?)"
             ) from None
-        except ApiConfigError as exc:
+        except kube.ApiConfigError as exc:
             raise SourceError(str(exc)) from exc
         finally:
             stop.set()

@@ -30,7 +30,7 @@ from lace_proxy.demo.testbed import (
 from ..conftest import MODES
 from ..lacekit import l3
 from .proxykit import NODE, VIP4, endpoints, names, service
-from .runkit import lace_proxy, run_argv, wait_for, write
+from .runkit import RunProcess, lace_proxy, run_argv, wait_for, write
 
 pytestmark = pytest.mark.netns
 
@@ -47,15 +47,12 @@ def running(
     folder.mkdir()
     (folder / "web.yaml").write_text("")
     argv = run_argv(tb, folder, request.param, tmp_path / "state.sock")
-    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    proxy = RunProcess(argv, tmp_path / "proxy.log")
+    proxy.start()
     try:
         yield tb, folder, request.param
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, err
-        assert "Traceback" not in err, err
+        proxy.stop()
 
 
 def answers(tb: Testbed, n: int = 30) -> set[str]:

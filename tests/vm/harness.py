@@ -615,10 +615,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare", help="fetch the current kernel and build its initramfs")
     p.add_argument("--prune", action="store_true", help="remove other cached kernels")
-    p = sub.add_parser("pytest", help="run pytest with these arguments in the VM")
-    p.add_argument("args", nargs=argparse.REMAINDER)
-    p = sub.add_parser("run", help="run this command in the VM")
-    p.add_argument("args", nargs=argparse.REMAINDER)
+    for name, what in (("pytest", "run pytest with these arguments"), ("run", "run this command")):
+        p = sub.add_parser(name, help=f"{what} in the VM")
+        p.add_argument(
+            "--timeout",
+            type=float,
+            default=DEFAULT_TIMEOUT,
+            help=f"seconds before the VM is killed (default {DEFAULT_TIMEOUT:g})",
+        )
+        p.add_argument("args", nargs=argparse.REMAINDER)
     p = sub.add_parser("guest", help=argparse.SUPPRESS)
     p.add_argument("share", type=Path)
     args = parser.parse_args(argv)
@@ -639,7 +644,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"vm: kernel {kernel.version}, {initramfs.name} ({took:.1f} s)")
             return 0
         job = Job.pytest(args.args) if args.command == "pytest" else Job(args.args)
-        [result] = run_jobs([job])
+        [result] = run_jobs([job], timeout=args.timeout)
     except (VmUnavailable, VmError) as exc:
         print(f"vm: {exc}", file=sys.stderr)
         return 2
