@@ -115,6 +115,27 @@ def test_cluster_ip_reaches_pods_from_client_pod_and_node(proxy: Harness, v6: bo
 
 
 @FAMILIES
+def test_a_pod_keeps_its_source_to_an_endpoint_outside_the_cluster_cidr(
+    proxy: Harness, v6: bool
+) -> None:
+    """detectLocalMode ClusterCIDR, as kube-proxy: a pod's connection to a ClusterIP whose
+    endpoint is off the node and outside clusterCIDR (the client) is not masqueraded, in
+    either family (issue 31 named an IPv6 case)."""
+    tb = proxy.tb
+    proxy.write(
+        "outside",
+        service("outside", [VIP4, VIP6], port=80, target=80),
+        endpoints("outside", [tb.client], port=80),
+        endpoints("outside", [tb.client], port=80, v6=True),
+    )
+    proxy.sync()
+    pod = tb.pods[0]
+    for result in many(pod, vip(v6), 80, n=6):
+        assert result.reply is not None and result.reply.name == "client", result
+        assert result.reply.peer == (pod.ipv6 if v6 else pod.ipv4), result
+
+
+@FAMILIES
 def test_udp_cluster_ip(proxy: Harness, v6: bool) -> None:
     tb = proxy.tb
     proxy.write(
