@@ -17,11 +17,12 @@ else:
     from Cython.Build import cythonize
     from setuptools import Extension
 
+    flags = {"extra_compile_args": ["-g0"]}
     # Both codecs `include` ext/netaddr.pxi: named so that a change to it rebuilds them.
-    codec = {"depends": ["ext/netaddr.pxi"], "extra_compile_args": ["-g0"]}
+    codec = {**flags, "depends": ["ext/netaddr.pxi"]}
     ext_modules = cythonize(
         [
-            Extension("lace_proxy.table._ctable", ["ext/table.pyx"], extra_compile_args=["-g0"]),
+            Extension("lace_proxy.table._ctable", ["ext/table.pyx"], **flags),
             Extension("lace_proxy.dataplane.nftables._ccodec", ["ext/nftcodec.pyx"], **codec),
             Extension("lace_proxy.dataplane.ipvs._ccodec", ["ext/ipvscodec.pyx"], **codec),
         ],
