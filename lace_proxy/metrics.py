@@ -278,6 +278,9 @@ class ProxyMetrics:
         ).labels(__version__, implementation()).set(1)
         r.register(self._tables)
 
+        # Bound once: every Service and EndpointSlice event of a 30k list sets it (labels() is
+        # most of the cost of a set).
+        self._last_queued_children = [self._last_queued.labels(f) for f in self.families]
         # Known label values start at zero, so rate() and absent() work from the first scrape.
         for family in self.families:
             for histogram in (self._sync, self._full, self._partial, self._network_programming):
@@ -317,8 +320,8 @@ class ProxyMetrics:
     def record_queued(self) -> None:
         """A change asked for a sync (kube-proxy sets this on every queued sync)."""
         now = self._clock()
-        for family in self.families:
-            self._last_queued.labels(family).set(now)
+        for gauge in self._last_queued_children:
+            gauge.set(now)
 
     def record_sync(self, duration: float, *, full: bool, ok: bool) -> None:
         """One sync ended, after `duration` seconds; `ok` is False if the dataplane refused it.

@@ -123,10 +123,8 @@ def json_paths(value: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, 
             yield from json_paths(child, (*prefix, key))
 
 
-def assert_junk_is_rejected_cleanly(base: dict[str, Any]) -> None:
-    """Junk at any place of a valid object gives a ValidationError or a model, never a crash."""
-    from lace_proxy.model import ValidationError, parse_object
-
+def with_junk(base: dict[str, Any]) -> Iterator[tuple[tuple[Any, ...], Any, dict[str, Any]]]:
+    """(path, junk, a copy of `base` with that junk at that path), for every path and junk."""
     for path in json_paths(base):
         for junk in JUNK:
             obj = copy.deepcopy(base)
@@ -134,11 +132,19 @@ def assert_junk_is_rejected_cleanly(base: dict[str, Any]) -> None:
             for key in path[:-1]:
                 target = target[key]
             target[path[-1]] = junk
-            try:
-                parse_object(obj)
-            except ValidationError as error:
-                assert error.code, (path, junk)
-                str(error)
+            yield path, junk, obj
+
+
+def assert_junk_is_rejected_cleanly(base: dict[str, Any]) -> None:
+    """Junk at any place of a valid object gives a ValidationError or a model, never a crash."""
+    from lace_proxy.model import ValidationError, parse_object
+
+    for path, junk, obj in with_junk(base):
+        try:
+            parse_object(obj)
+        except ValidationError as error:
+            assert error.code, (path, junk)
+            str(error)
 
 
 def exercise_metrics(m: ProxyMetrics) -> None:

@@ -12,37 +12,16 @@ IPVS translates, and an NftablesBackend without translation does the rest).
 
 from __future__ import annotations
 
-import contextlib
-import gc
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Protocol
 
 from lace_proxy.networks.graph import NetworkLayout
 from lace_proxy.table import Changeset, Plan
 
-__all__ = ["NO_NETWORKS", "Changeset", "Dataplane", "NetworkLayout", "Plan", "collection_paused"]
+__all__ = ["NO_NETWORKS", "Changeset", "Dataplane", "NetworkLayout", "Plan"]
 
 #: The layout without Network objects: plain kube-proxy.
 NO_NETWORKS = NetworkLayout()
-
-
-@contextlib.contextmanager
-def collection_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused for a full sync. A sync at scale allocates
-    hundreds of thousands of containers (rendered and read-back elements, virtual services)
-    that make no cycles and live until it ends; allocating them set off the collector's
-    passes, each over the whole long-lived heap (the table and its objects), which found
-    nothing to free: 0.3-0.4 s of a 30k adoption, and most of rendering IPVS mode's 10k
-    virtual services. Reference counting still frees as usual; what cycles a sync leaves
-    are collected after it. Nested uses leave the collector to the outermost."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 class Dataplane(Protocol):

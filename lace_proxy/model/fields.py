@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 from functools import lru_cache
+from socket import AF_INET, AF_INET6, inet_ntop, inet_pton
 from typing import Any, NoReturn
 
 from lace_proxy.model.errors import ValidationError
@@ -111,24 +112,35 @@ def as_port(s: Subject, value: Any, field: str, *, zero_ok: bool = False) -> int
     return port
 
 
+_MAPPED = bytes(10) + b"\xff\xff"  # ::ffff:0:0/96, IPv4-mapped
+_COMPATIBLE = bytes(12)  # ::/96, "IPv4-compatible" (deprecated)
+
+
 @lru_cache(maxsize=65536)
 def canonical_ip(text: str) -> tuple[int, str] | None:
     """(version, canonical text), or None if `text` is not a plain IP address.
 
-    Cached: endpoint addresses recur in every update of their slice. IPv6 zones are refused
-    (Go's parser refuses them too), and an IPv4-mapped IPv6 address is the IPv4 address, as
-    Go sees it.
+    IPv6 zones are refused (Go's parser refuses them too), and an IPv4-mapped IPv6 address is
+    the IPv4 address, as Go sees it. The C library's inet_pton parses (300k endpoint addresses
+    in a 30k-service list: `ipaddress` took 3 s of it) and takes exactly what `ipaddress` and
+    Go's netip take: four decimal octets without leading zeros, RFC 4291's IPv6 forms. An IPv4
+    address it takes is already canonical; inet_ntop prints IPv6 in RFC 5952's canonical form,
+    as `ipaddress` does, except ::/96, which it prints dotted: those go through `ipaddress`.
+    Cached: endpoint addresses recur in every update of their slice.
     """
     try:
-        address = ipaddress.IPv6Address(text) if ":" in text else ipaddress.IPv4Address(text)
-    except ValueError:
+        if ":" not in text:
+            inet_pton(AF_INET, text)
+            return 4, text
+        packed = inet_pton(AF_INET6, text)
+    except (OSError, ValueError):  # ValueError: an embedded NUL
         return None
-    if isinstance(address, ipaddress.IPv6Address):
-        if address.scope_id is not None:
-            return None
-        if address.ipv4_mapped is not None:
-            return 4, str(address.ipv4_mapped)
-    return address.version, str(address)
+    prefix = packed[:12]
+    if prefix == _MAPPED:
+        return 4, inet_ntop(AF_INET, packed[12:])
+    if prefix == _COMPATIBLE:
+        return 6, str(ipaddress.IPv6Address(packed))
+    return 6, inet_ntop(AF_INET6, packed)
 
 
 def as_ip(s: Subject, value: Any, field: str, version: int | None = None) -> str:

@@ -17,9 +17,9 @@ object that fails validation keeps its last good version, as with the files sour
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +28,7 @@ import aiohttp
 from kubernetes.aio import client as k8s
 from kubernetes.aio import config as k8s_config
 
+from lace_proxy.gcpause import collection_paused
 from lace_proxy.model import (
     HEADLESS_LABEL,
     LACE_GROUP_VERSION,
@@ -41,6 +42,7 @@ from lace_proxy.model import (
     parse_service_cidr,
 )
 from lace_proxy.sources import ChangeHandler
+from lace_proxy.sources.wire import ENDPOINT_SLICES, SERVICES, WHOLE, Decoders, decode
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,7 @@ class Resource:
     upsert: Callable[[ChangeHandler, Any], None]
     delete: Callable[[ChangeHandler, str], None]
     optional: bool = False
+    decoders: Decoders = WHOLE
 
 
 def _lace(kind: str, plural: str) -> Resource:
@@ -135,6 +138,7 @@ def resources(node_name: str) -> list[Resource]:
             parse_service,
             lambda h, o: h.service_upserted(o),
             lambda h, key: h.service_deleted(key),
+            decoders=SERVICES,
         ),
         Resource(
             "endpointslices",
@@ -144,6 +148,7 @@ def resources(node_name: str) -> list[Resource]:
             parse_endpoint_slice,
             lambda h, o: h.slice_upserted(o),
             lambda h, key: h.slice_deleted(key),
+            decoders=ENDPOINT_SLICES,
         ),
         Resource(
             "nodes",
@@ -324,7 +329,17 @@ class Reflector:
 
     async def _list(self) -> None:
         """Page by page, all at one resourceVersion (the first page's snapshot): delivered
-        only once complete, as one list."""
+        only once complete, as one list. The collector is paused meanwhile (gcpause)."""
+        with collection_paused():
+            parsed, version = await self._pages()
+            self._apply_list(parsed)
+        self.resource_version = version
+        self._listing = None
+        self._mark_synced()
+
+    async def _pages(self) -> tuple[dict[str, Any], str]:
+        """Every object of the list, parsed (None where invalid, see _apply_list), and the
+        list's resourceVersion."""
         parsed: dict[str, Any] = {}
         token, version, pages = "", "", 0
         self._listing = None
@@ -334,23 +349,19 @@ class Reflector:
                 query["continue"] = token
             response = await self._get(query)
             try:
-                body = json.loads(await response.read())
+                body = self.resource.decoders.list(await response.read())
             finally:
                 response.release()
             self.pages += 1
             pages += 1
             for raw in body.get("items") or []:
-                parsed[_object_key(raw)] = self._parse(raw)  # None: invalid, see _apply_list
+                parsed[_object_key(raw)] = self._parse(raw)
             self._listing = (pages, len(parsed))
             meta = body.get("metadata") or {}
             version = str(meta.get("resourceVersion") or version)
             token = meta.get("continue") or ""
             if not token:
-                break
-        self._apply_list(parsed)
-        self.resource_version = version
-        self._listing = None
-        self._mark_synced()
+                return parsed, version
 
     def _mark_synced(self) -> None:
         if not self._synced:
@@ -383,7 +394,7 @@ class Reflector:
         }
         response = await self._get(query)
         try:
-            async for event in _events(response.content):
+            async for event in _events(response.content, self.resource.decoders):
                 self._event(event)
         finally:
             response.release()
@@ -425,7 +436,7 @@ class Reflector:
             return None
 
 
-async def _events(stream: aiohttp.StreamReader) -> AsyncIterator[dict[str, Any]]:
+async def _events(stream: aiohttp.StreamReader, decoders: Decoders) -> AsyncIterator[Any]:
     """Newline-delimited JSON watch events from a streaming response (an event may be far
     longer than aiohttp's line limit: a slice of a thousand endpoints)."""
     pending = bytearray()
@@ -436,16 +447,16 @@ async def _events(stream: aiohttp.StreamReader) -> AsyncIterator[dict[str, Any]]
             line = bytes(pending[start:end])
             start = end + 1
             if line.strip():
-                yield json.loads(line)
+                yield decoders.event(line)
         del pending[:start]
     if pending.strip():
-        yield json.loads(bytes(pending))
+        yield decoders.event(bytes(pending))
 
 
 def _message(data: bytes) -> str:
     """A Status body's message, else the body."""
     try:
-        return str(json.loads(data).get("message") or data[:200])
+        return str(decode(data).get("message") or data[:200])
     except (ValueError, AttributeError):
         return repr(data[:200])
 
@@ -490,11 +501,19 @@ class KubeSource:
     async def run(self, stop: asyncio.Event) -> None:
         """Watch until `stop` is set; ApiConfigError if the client cannot be configured."""
         pending = {r.name for r in resources(self.node_name)}
+        started = time.monotonic()
 
         def synced(name: str) -> Callable[[], None]:
             def done() -> None:
                 pending.discard(name)
                 if not pending:
+                    log.info(
+                        "initial lists delivered in %.1f s: %s",
+                        time.monotonic() - started,
+                        ", ".join(
+                            f"{r.resource.name} {len(r.delivered):,}" for r in self.reflectors
+                        ),
+                    )
                     self.handler.synced(SOURCE_NAME)
 
             return done

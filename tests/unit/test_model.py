@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import ipaddress
+import itertools
 import logging
 import pickle
 from collections.abc import Callable
@@ -12,6 +14,8 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lace_proxy.model import (
     LB_SOURCE_RANGES_ANNOTATION,
@@ -31,6 +35,8 @@ from lace_proxy.model import (
     parse_service,
     parse_service_cidr,
 )
+from lace_proxy.model import parse as parse_module
+from lace_proxy.model.fields import Subject, canonical_ip
 from lace_proxy.model.service import (
     IPVS_SCHEDULER_ANNOTATION,
     IPVS_SCHEDULERS,
@@ -436,6 +442,48 @@ def test_ipv4_mapped_ipv6_is_the_ipv4_address() -> None:
     assert parse_service(service(externalIPs=["::ffff:192.0.2.1"])).external_ips == ("192.0.2.1",)
 
 
+def _ipaddress_view(text: str) -> tuple[int, str] | None:
+    """What Python's ipaddress makes of `text`, under canonical_ip's rules (no zones, mapped
+    IPv6 is IPv4): the reference the C library's parser must agree with."""
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.scope_id is not None:
+            return None
+        if address.ipv4_mapped is not None:
+            return 4, str(address.ipv4_mapped)
+    return address.version, str(address)
+
+
+def _spellings(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> list[str]:
+    """Ways to write one address, canonical or not, valid or not."""
+    text = str(address)
+    forms = [text, text.upper(), f"{text}%eth0", f" {text}", f"{text}\x00"]
+    if address.version == 4:
+        octets = text.split(".")
+        forms += [".".join(o.zfill(3) for o in octets), ".".join(octets[:3]), f"::ffff:{text}"]
+        forms.append(f"::{text}")  # IPv4-compatible: inet_ntop would print it dotted
+    else:
+        forms += [address.exploded, address.exploded.replace("0000", "0")]
+    return forms
+
+
+@settings(max_examples=400)
+@given(st.ip_addresses() | st.ip_addresses(v=6, network="::/96"))
+def test_canonical_ip_agrees_with_ipaddress(
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address,
+) -> None:
+    for text in _spellings(address):
+        assert canonical_ip.__wrapped__(text) == _ipaddress_view(text), text
+
+
+@given(st.text(alphabet="0123456789abcdefABCDEF:.%x", max_size=45))
+def test_canonical_ip_refuses_what_ipaddress_refuses(text: str) -> None:
+    assert canonical_ip.__wrapped__(text) == _ipaddress_view(text)
+
+
 def test_an_address_is_one_frontend() -> None:
     """Repeated ExternalIPs, and ones equal to the ClusterIP, are dropped; an address that is
     both an ExternalIP and a load-balancer IP of a LoadBalancer stays the latter."""
@@ -763,6 +811,56 @@ def test_full_endpoint_slice() -> None:
 def test_slice_without_endpoints_or_ports() -> None:
     es = parse_endpoint_slice(endpoint_slice(endpoints=None, ports=None))
     assert (es.endpoints, es.ports, es.trigger_time) == ((), (), None)
+
+
+_VALUES = st.sampled_from(
+    [None, "", "x", 0, 1, True, False, [], {}, "10.0.0.1", "::ffff:10.0.0.1", "2001:db8::1"]
+)
+_ADDRESSES = st.lists(
+    st.sampled_from(["10.0.0.1", "010.0.0.1", "2001:DB8::1", "::ffff:10.0.0.2", "", 7]),
+    max_size=3,
+)
+_ENDPOINTS = st.fixed_dictionaries(
+    {},
+    optional={
+        "addresses": _ADDRESSES | _VALUES,
+        "conditions": st.fixed_dictionaries(
+            {}, optional={k: _VALUES for k in ("ready", "serving", "terminating")}
+        )
+        | _VALUES,
+        "nodeName": _VALUES,
+        "zone": _VALUES,
+        "hints": st.just({"forZones": [{"name": "a"}]}) | _VALUES,
+        "targetRef": _VALUES,
+    },
+)
+
+
+def test_the_plain_endpoint_shortcut_takes_what_the_controller_writes() -> None:
+    conditions = [None, {}, {"ready": None}, {"ready": False, "serving": True, "terminating": True}]
+    for condition, text, addresses in itertools.product(
+        conditions, [None, "", "a"], [["10.0.0.1"], ["::ffff:10.0.0.1", "10.0.0.2"]]
+    ):
+        endpoint = {"addresses": addresses, "conditions": condition, "nodeName": text, "zone": text}
+        plain = parse_module._plain_endpoint(endpoint, 4)
+        assert plain is not None
+        assert plain == parse_module._endpoint(Subject("EndpointSlice"), endpoint, "e", 4)
+
+
+@settings(max_examples=600)
+@given(_ENDPOINTS | _VALUES, st.sampled_from([4, 6, None]))
+def test_the_plain_endpoint_shortcut_agrees_with_the_checked_parse(
+    endpoint: Any, version: int | None
+) -> None:
+    """`_plain_endpoint` (the shape the controller writes) gives what `_endpoint` gives, and
+    leaves anything else, errors included, to it."""
+    plain = parse_module._plain_endpoint(endpoint, version)
+    try:
+        checked = parse_module._endpoint(Subject("EndpointSlice"), endpoint, "e", version)
+    except ValidationError:
+        assert plain is None
+    else:
+        assert plain in (None, checked)
 
 
 def test_ipv4_mapped_address_belongs_to_an_ipv4_slice() -> None:

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 from pyroute2 import IPVS, IPRoute
 
-from lace_proxy.dataplane.base import NO_NETWORKS, collection_paused
+from lace_proxy.dataplane.base import NO_NETWORKS
 from lace_proxy.dataplane.ipvs import kernel
 from lace_proxy.dataplane.ipvs.addresses import AddressChannel, AddressRefusal
 from lace_proxy.dataplane.ipvs.kernel import STRICT_ARP, SYSCTLS
@@ -51,6 +51,7 @@ from lace_proxy.dataplane.ipvs.netlink import Batch, IpvsChannel
 from lace_proxy.dataplane.ipvs.udp import remove_udp_servers
 from lace_proxy.dataplane.nft import enter_netns
 from lace_proxy.dataplane.nftables import NftablesBackend
+from lace_proxy.gcpause import collection_paused
 from lace_proxy.networks.graph import NetworkLayout
 from lace_proxy.table import Changeset, Plan
 

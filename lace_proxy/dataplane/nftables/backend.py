@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 from lace_proxy.dataplane import rescue
-from lace_proxy.dataplane.base import NO_NETWORKS, Changeset, NetworkLayout, Plan, collection_paused
+from lace_proxy.dataplane.base import NO_NETWORKS, Changeset, NetworkLayout, Plan
 from lace_proxy.dataplane.conntrack import (
     Conntrack,
     Filter,
@@ -40,6 +40,7 @@ from lace_proxy.dataplane.nftables.render import Rendered, Renderer, element_key
 from lace_proxy.dataplane.nftables.settings import NftablesSettings
 from lace_proxy.dataplane.nftables.shared import ENDPOINT_MAP, need_of
 from lace_proxy.dataplane.nftables.skeleton import ACCESS_CHAINS
+from lace_proxy.gcpause import collection_paused
 
 log = logging.getLogger(__name__)
 
