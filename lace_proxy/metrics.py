@@ -11,6 +11,7 @@ counters; callers use the recording methods and never touch prometheus objects.
 from __future__ import annotations
 
 import collections
+import functools
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Literal, Protocol
@@ -278,9 +279,13 @@ class ProxyMetrics:
         ).labels(__version__, implementation()).set(1)
         r.register(self._tables)
 
-        # Bound once: every Service and EndpointSlice event of a 30k list sets it (labels() is
-        # most of the cost of a set).
-        self._last_queued_children = [self._last_queued.labels(f) for f in self.families]
+        # Read at scrape time: every Service and EndpointSlice event of a 30k list changes
+        # them, and a gauge set per event was most of the proxier's time in a start.
+        self._queued_at = 0.0
+        for family in self.families:
+            self._last_queued.labels(family).set_function(lambda: self._queued_at)
+        for kind, gauge in self._changes_pending.items():
+            gauge.set_function(functools.partial(len, self._pending[kind]))
         # Known label values start at zero, so rate() and absent() work from the first scrape.
         for family in self.families:
             for histogram in (self._sync, self._full, self._partial, self._network_programming):
@@ -313,15 +318,12 @@ class ProxyMetrics:
         self._changes_total[kind].inc()
         pending = self._pending[kind]
         pending[key] = now
-        self._changes_pending[kind].set(len(pending))
         if trigger_time is not None and family in self.families:
             self._triggers.append((now, family, trigger_time))
 
     def record_queued(self) -> None:
         """A change asked for a sync (kube-proxy sets this on every queued sync)."""
-        now = self._clock()
-        for gauge in self._last_queued_children:
-            gauge.set(now)
+        self._queued_at = self._clock()
 
     def record_sync(self, duration: float, *, full: bool, ok: bool) -> None:
         """One sync ended, after `duration` seconds; `ok` is False if the dataplane refused it.
@@ -349,10 +351,9 @@ class ProxyMetrics:
         wall = self._clock()
         for family in self.families:
             self._last_sync.labels(family).set(wall)
-        for kind, pending in self._pending.items():
+        for pending in self._pending.values():
             for key in [k for k, changed in pending.items() if changed <= started]:
                 del pending[key]
-            self._changes_pending[kind].set(len(pending))
         for _, family, trigger_time in attempted:
             self._network_programming.labels(family).observe(wall - trigger_time)
 
