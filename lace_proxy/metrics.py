@@ -125,7 +125,7 @@ class ProxyMetrics:
             ["ip_family"],
             registry=r,
         )
-        self._last_queued = Gauge(
+        last_queued = Gauge(
             "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
             "The last time a sync of proxy rules was queued",
             ["ip_family"],
@@ -138,7 +138,7 @@ class ProxyMetrics:
             buckets=NETWORK_PROGRAMMING_BUCKETS,
             registry=r,
         )
-        self._changes_pending = {
+        changes_pending = {
             "endpoints": Gauge(
                 "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
                 "Pending proxy rules Endpoint changes",
@@ -279,12 +279,12 @@ class ProxyMetrics:
         ).labels(__version__, implementation()).set(1)
         r.register(self._tables)
 
-        # Read at scrape time: every Service and EndpointSlice event of a 30k list changes
-        # them, and a gauge set per event was most of the proxier's time in a start.
+        # Read at scrape time: every Service and EndpointSlice event of a 30k start changes
+        # them, and setting them per event cost more than the rest of the metrics.
         self._queued_at = 0.0
         for family in self.families:
-            self._last_queued.labels(family).set_function(lambda: self._queued_at)
-        for kind, gauge in self._changes_pending.items():
+            last_queued.labels(family).set_function(lambda: self._queued_at)
+        for kind, gauge in changes_pending.items():
             gauge.set_function(functools.partial(len, self._pending[kind]))
         # Known label values start at zero, so rate() and absent() work from the first scrape.
         for family in self.families:
