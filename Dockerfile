@@ -25,7 +25,7 @@ RUN apt-get update \
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir --no-index --find-links /wheels lace-proxy \
     && rm -rf /wheels \
-    && lace-proxy version | grep -q "(compiled service table, compiled nftables codec, compiled IPVS codec)"
+    && lace-proxy version | grep -q "(compiled service table, compiled nftables codec, compiled IPVS codec, compiled endpoint parse)"
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 ENTRYPOINT ["lace-proxy"]
 CMD ["run"]

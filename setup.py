@@ -1,4 +1,5 @@
-"""Build the compiled cores from ext/*.pyx: the service table, the nf_tables and IPVS codecs.
+"""Build the compiled cores from ext/*.pyx: the service table, the nf_tables and IPVS codecs,
+the endpoint parse.
 
 Set LACE_PROXY_NO_EXTENSIONS=1 to install the pure-Python twin only (no compiler needed).
 """
@@ -7,7 +8,7 @@ import os
 
 from setuptools import setup
 
-# The three modules are translated and compiled side by side, without debug information (a
+# The modules are translated and compiled side by side, without debug information (a
 # quarter of gcc's time on table.c): a newcomer's demo waits on this build.
 JOBS = os.cpu_count() or 1
 
@@ -18,13 +19,15 @@ else:
     from setuptools import Extension
 
     flags = {"extra_compile_args": ["-g0"]}
-    # Both codecs `include` ext/netaddr.pxi: named so that a change to it rebuilds them.
+    # The codecs and the endpoint parse `include` ext/netaddr.pxi: named so that a change to it
+    # rebuilds them.
     codec = {**flags, "depends": ["ext/netaddr.pxi"]}
     ext_modules = cythonize(
         [
             Extension("lace_proxy.table._ctable", ["ext/table.pyx"], **flags),
             Extension("lace_proxy.dataplane.nftables._ccodec", ["ext/nftcodec.pyx"], **codec),
             Extension("lace_proxy.dataplane.ipvs._ccodec", ["ext/ipvscodec.pyx"], **codec),
+            Extension("lace_proxy.model._cplain", ["ext/plain.pyx"], **codec),
         ],
         compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False},
         nthreads=JOBS,

@@ -156,10 +156,14 @@ def cmd_completion(args: argparse.Namespace) -> int:
 
 def cmd_version(args: argparse.Namespace) -> int:
     """The version, and which twins are active (compiled or pure): the service table's, the
-    nftables element codec's and the IPVS codec's."""
+    nftables element codec's, the IPVS codec's and the endpoint parse's."""
     from lace_proxy.dataplane.ipvs.codec import IMPLEMENTATION as ipvs
     from lace_proxy.dataplane.nftables.codec import IMPLEMENTATION as nft
+    from lace_proxy.model.plain import IMPLEMENTATION as plain
 
-    twins = f"{implementation()} service table, {nft} nftables codec, {ipvs} IPVS codec"
+    twins = (
+        f"{implementation()} service table, {nft} nftables codec, {ipvs} IPVS codec,"
+        f" {plain} endpoint parse"
+    )
     print(f"lace-proxy {__version__} ({twins})")
     return 0

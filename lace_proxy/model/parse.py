@@ -40,6 +40,7 @@ from lace_proxy.model.fields import (
     sorted_pairs,
 )
 from lace_proxy.model.node import MTU_ANNOTATION, ZONE_LABEL, Node
+from lace_proxy.model.plain import plain_endpoint
 from lace_proxy.model.service import (
     BGP_ADVERTISE_ANNOTATION,
     BGP_COMMUNITIES_ANNOTATION,
@@ -335,7 +336,7 @@ def parse_endpoint_slice(obj: dict[str, Any]) -> EndpointSlice:
         address_type=address_type,
         endpoints=tuple(
             [
-                _plain_endpoint(item, version) or _endpoint(s, item, f"endpoints[{i}]", version)
+                plain_endpoint(item, version) or _endpoint(s, item, f"endpoints[{i}]", version)
                 for i, item in enumerate(as_list(s, obj.get("endpoints"), "endpoints"))
             ]
         ),
@@ -343,40 +344,6 @@ def parse_endpoint_slice(obj: dict[str, Any]) -> EndpointSlice:
         trigger_time=_trigger_time(annotations.get(LAST_CHANGE_TRIGGER_TIME)),
         labels=sorted_pairs(labels),
     )
-
-
-def _plain_endpoint(value: Any, version: int | None) -> Endpoint | None:
-    """The endpoint as the EndpointSlice controller writes it (IP addresses, conditions,
-    node and zone, no hints), in a third of `_endpoint`'s time; None for anything else,
-    which `_endpoint` then judges. A 30k-service list holds 300k endpoints."""
-    if type(value) is not dict or version is None or value.get("hints") is not None:
-        return None
-    raw = value.get("addresses")
-    if type(raw) is not list or not raw:
-        return None
-    addresses = []
-    for text in raw:
-        ip = canonical_ip(text) if type(text) is str else None
-        if ip is None or ip[0] != version:
-            return None
-        addresses.append(ip[1])
-    conditions = value.get("conditions")
-    if conditions is None:
-        conditions = {}
-    elif type(conditions) is not dict:
-        return None
-    ready: Any = conditions.get("ready")
-    serving: Any = conditions.get("serving")
-    terminating: Any = conditions.get("terminating")
-    ready = True if ready is None else ready
-    serving = True if serving is None else serving
-    terminating = False if terminating is None else terminating
-    if not (type(ready) is type(serving) is type(terminating) is bool):
-        return None
-    node, zone = value.get("nodeName"), value.get("zone")
-    if (node is not None and type(node) is not str) or (zone is not None and type(zone) is not str):
-        return None
-    return Endpoint(tuple(addresses), ready, serving, terminating, node or None, zone or None)
 
 
 def _endpoint(s: Subject, value: Any, p: str, version: int | None) -> Endpoint:

@@ -14,6 +14,7 @@ from lace_proxy import implementation
 from lace_proxy.cli import main
 from lace_proxy.dataplane.ipvs import codec as ipvs_codec
 from lace_proxy.dataplane.nftables import codec
+from lace_proxy.model import plain
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
@@ -68,12 +69,15 @@ def test_entrypoint_and_checks_are_the_packages_own(capsys: pytest.CaptureFixtur
     assert json.loads(instructions["CMD"]) == ["run"]
     # The image refuses to build without the compiled core, in `version`'s own words.
     expected = re.search(r'lace-proxy version \| grep -q "([^"]+)"', DOCKERFILE)
-    compiled = "(compiled service table, compiled nftables codec, compiled IPVS codec)"
+    compiled = (
+        "(compiled service table, compiled nftables codec, compiled IPVS codec,"
+        " compiled endpoint parse)"
+    )
     assert expected is not None and expected.group(1) == compiled
     assert main(["version"]) == 0
     twins = (
         f"({implementation()} service table, {codec.IMPLEMENTATION} nftables codec,"
-        f" {ipvs_codec.IMPLEMENTATION} IPVS codec)"
+        f" {ipvs_codec.IMPLEMENTATION} IPVS codec, {plain.IMPLEMENTATION} endpoint parse)"
     )
     assert twins in capsys.readouterr().out
     python = re.search(r"ARG PYTHON_VERSION=(\d+)\.(\d+)", DOCKERFILE)

@@ -10,6 +10,7 @@ import pickle
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -484,6 +485,42 @@ def test_canonical_ip_refuses_what_ipaddress_refuses(text: str) -> None:
     assert canonical_ip.__wrapped__(text) == _ipaddress_view(text)
 
 
+@pytest.fixture(scope="module", params=["compiled", "pure"])
+def plain(request: pytest.FixtureRequest) -> ModuleType:
+    """The endpoint shortcut's twins: ext/plain.pyx (when built) and _pyplain."""
+    if request.param == "compiled":
+        return pytest.importorskip("lace_proxy.model._cplain")
+    return pytest.importorskip("lace_proxy.model._pyplain")
+
+
+def _plain_address(plain: ModuleType, text: str, version: int) -> str | None:
+    endpoint = plain.plain_endpoint({"addresses": [text]}, version)
+    return None if endpoint is None else endpoint.addresses[0]
+
+
+def _expected_address(text: str, version: int) -> str | None:
+    view = _ipaddress_view(text)
+    return view[1] if view is not None and view[0] == version else None
+
+
+@settings(max_examples=400)
+@given(st.ip_addresses() | st.ip_addresses(v=6, network="::/96"))
+def test_the_plain_endpoint_reads_addresses_as_ipaddress_does(
+    plain: ModuleType, address: ipaddress.IPv4Address | ipaddress.IPv6Address
+) -> None:
+    """Its canonical text (in C in the compiled twin) is ipaddress's, of the slice's family."""
+    for text in [*_spellings(address), "\ud800"]:
+        for version in (4, 6):
+            assert _plain_address(plain, text, version) == _expected_address(text, version), text
+
+
+@given(st.text(alphabet="0123456789abcdefABCDEF:.%x", max_size=47), st.sampled_from([4, 6]))
+def test_the_plain_endpoint_refuses_what_ipaddress_refuses(
+    plain: ModuleType, text: str, version: int
+) -> None:
+    assert _plain_address(plain, text, version) == _expected_address(text, version)
+
+
 def test_an_address_is_one_frontend() -> None:
     """Repeated ExternalIPs, and ones equal to the ClusterIP, are dropped; an address that is
     both an ExternalIP and a load-balancer IP of a LoadBalancer stays the latter."""
@@ -836,31 +873,34 @@ _ENDPOINTS = st.fixed_dictionaries(
 )
 
 
-def test_the_plain_endpoint_shortcut_takes_what_the_controller_writes() -> None:
+def test_the_plain_endpoint_shortcut_takes_what_the_controller_writes(plain: ModuleType) -> None:
     conditions = [None, {}, {"ready": None}, {"ready": False, "serving": True, "terminating": True}]
     for condition, text, addresses in itertools.product(
         conditions, [None, "", "a"], [["10.0.0.1"], ["::ffff:10.0.0.1", "10.0.0.2"]]
     ):
         endpoint = {"addresses": addresses, "conditions": condition, "nodeName": text, "zone": text}
-        plain = parse_module._plain_endpoint(endpoint, 4)
-        assert plain is not None
-        assert plain == parse_module._endpoint(Subject("EndpointSlice"), endpoint, "e", 4)
+        shortcut = plain.plain_endpoint(endpoint, 4)
+        assert shortcut is not None
+        assert shortcut == parse_module._endpoint(Subject("EndpointSlice"), endpoint, "e", 4)
 
 
 @settings(max_examples=600)
 @given(_ENDPOINTS | _VALUES, st.sampled_from([4, 6, None]))
 def test_the_plain_endpoint_shortcut_agrees_with_the_checked_parse(
-    endpoint: Any, version: int | None
+    plain: ModuleType, endpoint: Any, version: int | None
 ) -> None:
-    """`_plain_endpoint` (the shape the controller writes) gives what `_endpoint` gives, and
-    leaves anything else, errors included, to it."""
-    plain = parse_module._plain_endpoint(endpoint, version)
+    """`plain_endpoint` (the shape the controller writes) gives what `_endpoint` gives, and
+    leaves anything else, errors included, to it; both twins alike."""
+    shortcut = plain.plain_endpoint(endpoint, version)
     try:
         checked = parse_module._endpoint(Subject("EndpointSlice"), endpoint, "e", version)
     except ValidationError:
-        assert plain is None
+        assert shortcut is None
     else:
-        assert plain in (None, checked)
+        assert shortcut in (None, checked)
+    if shortcut is not None:  # the compiled twin sets the slots itself: a whole Endpoint
+        assert (hash(shortcut), repr(shortcut)) == (hash(checked), repr(checked))
+        assert pickle.loads(pickle.dumps(shortcut)) == shortcut
 
 
 def test_ipv4_mapped_address_belongs_to_an_ipv4_slice() -> None:

@@ -1,6 +1,6 @@
 """The compiled table's stub (`lace_proxy/table/_ctable.pyi`) is held to both twins, and so
 are the compiled nf_tables and IPVS codecs' (`lace_proxy/dataplane/nftables/_ccodec.pyi`,
-`lace_proxy/dataplane/ipvs/_ccodec.pyi`).
+`lace_proxy/dataplane/ipvs/_ccodec.pyi`), and the endpoint parse's (`lace_proxy/model/_cplain.pyi`).
 
 mypy's stubtest checks each against its compiled module (every public name, signature and
 property); the pure twin is held to it here by names and parameter names. mypy, in the lint
@@ -23,6 +23,7 @@ import pytest
 
 from lace_proxy.dataplane.ipvs import _pycodec as _pyipvscodec
 from lace_proxy.dataplane.nftables import _pycodec
+from lace_proxy.model import _pyplain
 from lace_proxy.table import _pytable, changeset
 
 STUB = Path(_pytable.__file__).with_name("_ctable.pyi")
@@ -69,6 +70,7 @@ def _public(members: dict[str, list[str] | None]) -> dict[str, list[str] | None]
         "lace_proxy.table._ctable",
         "lace_proxy.dataplane.nftables._ccodec",
         "lace_proxy.dataplane.ipvs._ccodec",
+        "lace_proxy.model._cplain",
     ],
 )
 def test_stub_matches_the_compiled_module(tmp_path: Path, module: str) -> None:
@@ -196,3 +198,16 @@ def test_codec_stub_names_what_the_pure_twin_has(
             else:
                 signature = inspect.signature(getattr(cls, member))
                 assert list(signature.parameters) == params, f"{name}.{member}"
+
+
+def test_endpoint_parse_stub_names_what_the_pure_twin_has() -> None:
+    tree = ast.parse(Path(_pyplain.__file__).with_name("_cplain.pyi").read_text())
+    names = {
+        n.target.id
+        for n in tree.body
+        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+    } | {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert names == _module_names(_pyplain) == {"IMPLEMENTATION", "plain_endpoint"}
+    (function,) = (n for n in tree.body if isinstance(n, ast.FunctionDef))
+    parameters = inspect.signature(_pyplain.plain_endpoint).parameters
+    assert list(parameters) == [a.arg for a in function.args.args]
