@@ -154,16 +154,23 @@ def cmd_completion(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_version(args: argparse.Namespace) -> int:
-    """The version, and which twins are active (compiled or pure): the service table's, the
-    nftables element codec's, the IPVS codec's and the endpoint parse's."""
+def active_twins() -> dict[str, str]:
+    """Which twin of each compiled module is active ("compiled" or "pure"), by what it does:
+    what `version` prints and tox's environments check."""
     from lace_proxy.dataplane.ipvs.codec import IMPLEMENTATION as ipvs
     from lace_proxy.dataplane.nftables.codec import IMPLEMENTATION as nft
     from lace_proxy.model.plain import IMPLEMENTATION as plain
 
-    twins = (
-        f"{implementation()} service table, {nft} nftables codec, {ipvs} IPVS codec,"
-        f" {plain} endpoint parse"
-    )
+    return {
+        "service table": implementation(),
+        "nftables codec": nft,
+        "IPVS codec": ipvs,
+        "endpoint parse": plain,
+    }
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    """The version, and which twins are active (compiled or pure)."""
+    twins = ", ".join(f"{which} {module}" for module, which in active_twins().items())
     print(f"lace-proxy {__version__} ({twins})")
     return 0
