@@ -33,7 +33,8 @@ __all__ = ["control_plane", "real_kube"]  # fixtures, re-exported for the confte
 
 #: The real server sends a watch nothing while its resource does not change, not even a
 #: bookmark, until it ends the watch at timeoutSeconds (3..6 s here), with a bookmark 2 s
-#: before if the resource moved; so the read timeout must outlast the longest watch.
+#: before if the resource moved while the watch was open; so the read timeout must outlast
+#: the longest watch.
 REAL = Timing(
     connect_timeout=1.0,
     read_timeout=8.0,

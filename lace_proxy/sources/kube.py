@@ -233,6 +233,10 @@ class Reflector:
         self.resource_version: str | None = None
         self.relists = 0
         self.watch_restarts = 0
+        #: Watches the server answered: it registers a watch before its headers, so a change
+        #: made after this moved counts for that watch (one made before is folded into its
+        #: start, which no bookmark reports).
+        self.watches = 0
         self.pages = 0  # list responses read, all lists together
         self._synced = False
         self._failure: str | None = None  # why the last request failed, until one succeeds
@@ -393,6 +397,7 @@ class Reflector:
             "resourceVersion": self.resource_version or "",
         }
         response = await self._get(query)
+        self.watches += 1
         try:
             async for event in _events(response.content, self.resource.decoders):
                 self._event(event)

@@ -215,26 +215,32 @@ def test_a_bookmark_moves_the_resume_point_past_changes_the_selector_hides(
     otherwise once a minute, fixed: kube-apiserver has no flag for it), carrying the resource's
     progress; a Service the selector hides moves it, and the source resumes from there.
 
-    The server skips that bookmark when it registers the watch less than 2 s before the
-    deadline (cacheWatcher.nextBookmarkTime) and sends it on a 1 s tick: REAL's 3-5 s
-    watches left 1-3 s for both, which a loaded CI machine missed (CI, 2026-12-04). Watches
-    of 6-12 s here; the product's are 40-80 s."""
+    Differs from what a client may assume: the bookmark reports only changes made while that
+    watch is registered. The server starts a watch at its cache's newest version
+    (cacheWatcher.processInterval) and sends no bookmark at a version the watch already
+    has, so a hidden change made before the watch was registered moves nothing until the
+    resource changes again. The test made its change as soon as the list was in, which a
+    loaded machine's watch registration lost to (2026-12-06); it now waits until the server
+    answered the watch (Reflector.watches: headers come after registration). The change must
+    also come before that bookmark: watches of 8-16 s leave it 5 s or more."""
     ns = namespace
 
     async def scenario(r: Running) -> None:
         await eventually(r.synced)
         services = r.reflector("services")
+        await eventually(lambda: services.watches == 1)  # the first watch is open
         before = lists(control_plane)
         hidden = admin.create(service("theirs", ns, **{SERVICE_PROXY_NAME_LABEL: "other"}))
         version = int(hidden["metadata"]["resourceVersion"])
         assert int(services.resource_version or 0) < version
-        # Within the longest watch (12 s) and the next one's bookmark.
+        # That watch's bookmark, 2 s before it ends (at most 16 s).
         await eventually(lambda: int(services.resource_version or 0) >= version, timeout=30)
+        assert services.watches == 1  # by this watch's bookmark, not a later watch's
         assert r.take() == []  # moved by a bookmark: no event was delivered
         assert (services.relists, services.watch_restarts) == (0, 0)
         assert lists(control_plane) == before  # and nothing was listed again
 
-    timing = replace(REAL, watch_timeout=6, read_timeout=20)
+    timing = replace(REAL, watch_timeout=8, read_timeout=20)
     run(control_plane.admin_kubeconfig, scenario, mine=(f"{ns}/",), timing=timing)
 
 
