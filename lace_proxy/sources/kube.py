@@ -233,9 +233,9 @@ class Reflector:
         self.resource_version: str | None = None
         self.relists = 0
         self.watch_restarts = 0
-        #: Watches the server answered: it registers a watch before its headers, so a change
-        #: made after this moved counts for that watch (one made before is folded into its
-        #: start, which no bookmark reports).
+        #: Watches the server answered. It registers a watch before sending the headers, so
+        #: once this counts one, a change is that watch's to report (one made before it
+        #: began is folded into its start, and no bookmark reports it).
         self.watches = 0
         self.pages = 0  # list responses read, all lists together
         self._synced = False
