@@ -48,7 +48,8 @@ _FLAGS: dict[str, tuple[str, str | None, str]] = {
     "--min-sync-period": (
         "minSyncPeriod",
         "DURATION",
-        "least time between two resyncs, e.g. 1s, 500ms (default: 1s); beats the file's "
+        "the sync rate limit: a sync per DURATION, two back to back at most (as "
+        "kube-proxy), e.g. 1s, 500ms (default: 1s); beats the file's "
         "nftables/ipvs.minSyncPeriod too",
     ),
     "--healthz-bind-address": (
