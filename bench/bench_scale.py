@@ -22,6 +22,10 @@ proxy does: `gc.freeze()` once the initial LIST of services and slices is parsed
 the first build) and again after the first commit, so the long-lived model and table
 objects leave the collector's working set. Both twins are measured under both modes.
 
+Sizes above 10k are also held to issue 31's growth targets: cold start, adoption and peak
+RSS per service at most 1.2x their value per service at 10k (`--sizes 10000,100000`), and one
+change's p99 under 8 ms.
+
 Benchmarks never assert; this prints figures, ratios and PASS/MISS against the targets.
 """
 
@@ -90,6 +94,16 @@ TARGETS = (
     Target("periodic full sync", "resync_s", 0.3, "s"),
     Target("peak RSS (proxy + its children)", "rss_mib", 300.0, "MiB"),
 )
+
+#: Issue 31's at 100k: per service, these grow at most 1.2x from GROWTH_BASE services (the
+#: costs stay linear), and one change's p99 stays under its target at every size.
+GROWTH_BASE = 10000
+GROWTH_METRICS = (
+    ("cold start", "cold_start_s"),
+    ("restart adoption", "adopt_s"),
+    ("peak RSS", "rss_mib"),
+)
+GROWTH_LIMIT = 1.2
 
 
 # --- synthetic cluster (never timed) -----------------------------------------------------------
@@ -683,6 +697,32 @@ def verdicts(summary: dict[str, Any], size: int) -> list[dict[str, Any]]:
     return out
 
 
+def growth(summary: dict[str, Any], sizes: list[int]) -> list[dict[str, Any]]:
+    """Per size above GROWTH_BASE: each GROWTH_METRICS figure per service, against its value
+    per service at GROWTH_BASE (default GC), with PASS/MISS at GROWTH_LIMIT."""
+    base = summary.get(f"{GROWTH_BASE}/default", {})
+    out = []
+    for size in (s for s in sizes if s > GROWTH_BASE):
+        row = summary.get(f"{size}/default", {})
+        for label, metric in GROWTH_METRICS:
+            if metric not in row or metric not in base:
+                continue
+            ratio = (row[metric] / size) / (base[metric] / GROWTH_BASE)
+            status = "PASS" if ratio <= GROWTH_LIMIT else "MISS"
+            out.append(
+                {
+                    "size": size,
+                    "figure": label,
+                    "metric": metric,
+                    "value": row[metric],
+                    "base": base[metric],
+                    "ratio": ratio,
+                    "status": status,
+                }
+            )
+    return out
+
+
 def _largest_below(summary: dict[str, Any], size: int, metric: str) -> tuple[int, float] | None:
     """(size, value) of the largest smaller size where `metric` was measured (default GC)."""
     found = [
@@ -840,6 +880,29 @@ def print_report(
         )
     if size != TARGET_SIZE:
         w(f"  (targets are defined at {TARGET_SIZE} services; shown at the largest size run)")
+    rows = growth(summary, sizes)
+    if rows:
+        w("")
+        w(
+            f"Growth: per service, against {GROWTH_BASE} services (default GC), "
+            f"<= {GROWTH_LIMIT}x: linear"
+        )
+        for g in rows:
+            unit = "MiB" if g["metric"] == "rss_mib" else "s"
+            w(
+                f"  {g['size']:>7}  {g['figure']:<17} {_fmt_target_value(g['value'], unit):>9}"
+                f"  (at {GROWTH_BASE}: {_fmt_target_value(g['base'], unit):>9})"
+                f"  {g['ratio']:>5.2f}x  {g['status']}"
+            )
+        p99 = next(t for t in TARGETS if t.metric == "change_p99_s")
+        for size in (s for s in sizes if s > GROWTH_BASE):
+            value = summary.get(f"{size}/default", {}).get(p99.metric)
+            if value is not None:
+                status = "PASS" if value < p99.limit else "MISS"
+                w(
+                    f"  {size:>7}  {'one change, p99':<17} {fmt_t(value):>9}"
+                    f"  (< {fmt_t(p99.limit)})  {status}"
+                )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -891,6 +954,7 @@ def main(argv: list[str] | None = None) -> int:
                     "results": results,
                     "summary": summary,
                     "targets": verdicts(summary, size),
+                    "growth": growth(summary, sizes),
                     "nftables_skipped": note,
                 },
                 indent=2,
