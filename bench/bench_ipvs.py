@@ -75,7 +75,8 @@ from lace_proxy.dataplane.ipvs import IpvsBackend, IpvsSettings, Wanted, address
 from lace_proxy.dataplane.ipvs.addresses import AddressChannel
 from lace_proxy.dataplane.ipvs.netlink import IpvsChannel
 from lace_proxy.dataplane.nft import Nft
-from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.dataplane.nftables.backend import NftablesBackend
+from lace_proxy.dataplane.nftables.settings import NftablesSettings
 from lace_proxy.table import IMPLEMENTATION, ServiceTable
 
 REPO = Path(__file__).resolve().parents[1]

@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_scale import POD_CIDR, THIS_NODE, THIS_ZONE, make_cluster
 
 from lace_proxy.dataplane.nft import Nft
-from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.dataplane.nftables.backend import NftablesBackend
+from lace_proxy.dataplane.nftables.settings import NftablesSettings
 from lace_proxy.demo.testbed import Host, Testbed
 from lace_proxy.model.endpointslice import SERVICE_NAME_LABEL, Endpoint, EndpointPort, EndpointSlice
 from lace_proxy.model.service import Service, ServicePort

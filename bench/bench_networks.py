@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from lace_proxy.dataplane.nft import Nft
-from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.dataplane.nftables.backend import NftablesBackend
+from lace_proxy.dataplane.nftables.settings import NftablesSettings
 from lace_proxy.model import LaceObject, parse_object
 from lace_proxy.model.endpointslice import Endpoint, EndpointPort, EndpointSlice
 from lace_proxy.model.service import Service, ServicePort

@@ -50,8 +50,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from lace_proxy.dataplane.nft import Elements, Nft, Transaction
-from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.dataplane.nft import Nft
+from lace_proxy.dataplane.nftables.backend import NftablesBackend
+from lace_proxy.dataplane.nftables.settings import NftablesSettings
+from lace_proxy.dataplane.nftables.transaction import Elements, Transaction
 from lace_proxy.model.endpointslice import SERVICE_NAME_LABEL, Endpoint, EndpointPort, EndpointSlice
 from lace_proxy.model.service import Service, ServicePort
 

@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_scale import POD_CIDR, THIS_NODE, THIS_ZONE, _variant, make_cluster
 
 from lace_proxy.dataplane.nft import Nft
-from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.dataplane.nftables.backend import NftablesBackend
+from lace_proxy.dataplane.nftables.settings import NftablesSettings
 from lace_proxy.proxier import Proxier
 from lace_proxy.table import ServiceTable
 

@@ -26,7 +26,8 @@ from lace_proxy.dataplane.conntrack import Conntrack
 from lace_proxy.dataplane.egress_snat import EgressSettings, EgressSnat
 from lace_proxy.dataplane.ipvs import IpvsBackend, IpvsSettings
 from lace_proxy.dataplane.nft import Nft
-from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.dataplane.nftables.backend import NftablesBackend
+from lace_proxy.dataplane.nftables.settings import NftablesSettings
 from lace_proxy.dataplane.routes import PolicyRoutes, RoutingSettings
 from lace_proxy.egress.controller import EgressController
 from lace_proxy.health import ProxierHealth, ProxyServers, ServiceHealthServers

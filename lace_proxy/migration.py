@@ -26,8 +26,10 @@ from pyroute2 import IPRoute, IPSet
 from pyroute2.netlink.exceptions import NetlinkError
 
 from lace_proxy.dataplane.ipvs import IpvsBackend, IpvsSettings
-from lace_proxy.dataplane.nft import Nft, NftError
-from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.dataplane.nft import Nft
+from lace_proxy.dataplane.nftables.backend import NftablesBackend
+from lace_proxy.dataplane.nftables.settings import NftablesSettings
+from lace_proxy.dataplane.nftables.transaction import NftError
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from lace_proxy.dataplane.nft import ElementSource, Nft, NftError, TableListing, Transaction
+from lace_proxy.dataplane.nft import ElementSource, Nft, TableListing
+from lace_proxy.dataplane.nftables.transaction import NftError, Transaction
 
 #: The names a rule or a verdict refers to.
 _CHAIN_REF = re.compile(r"\b(?:jump|goto) ([A-Za-z0-9_.-]+)")

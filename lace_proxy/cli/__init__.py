@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from lace_proxy.cli import admin, bgp, doctor, inspect, kernel, run
 from lace_proxy.config import ConfigError
-from lace_proxy.dataplane.nft import NftError
+from lace_proxy.dataplane.nftables.transaction import NftError
 
 
 def build_parser() -> argparse.ArgumentParser:

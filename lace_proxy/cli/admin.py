@@ -90,7 +90,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     from lace_proxy.dataplane.egress_snat import EgressSnat
     from lace_proxy.dataplane.ipvs import IpvsBackend
     from lace_proxy.dataplane.nft import Nft
-    from lace_proxy.dataplane.nftables import NftablesBackend
+    from lace_proxy.dataplane.nftables.backend import NftablesBackend
     from lace_proxy.dataplane.routes import PolicyRoutes
     from lace_proxy.migration import remove_kube_proxy
 

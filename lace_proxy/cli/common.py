@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
-from lace_proxy.dataplane.nft import netns_prefix
+from lace_proxy.dataplane.netns import netns_prefix
 
 if TYPE_CHECKING:
     from lace_proxy.model import ValidationError

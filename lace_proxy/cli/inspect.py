@@ -28,7 +28,7 @@ from lace_proxy.cli.common import (
 from lace_proxy.config import ProxyConfig, add_config_flags, config_from_args
 
 if TYPE_CHECKING:
-    from lace_proxy.dataplane.nftables import NftablesSettings
+    from lace_proxy.dataplane.nftables.settings import NftablesSettings
     from lace_proxy.explain import Explanation, NodeFacts
     from lace_proxy.model import Node
     from lace_proxy.networks import NetworkView
@@ -388,8 +388,9 @@ def _explain_kernel(
     On by default for root when the table exists; --kernel or --netns insist (a missing table
     is then "not programmed"), --no-kernel skips it.
     """
-    from lace_proxy.dataplane.nft import Nft, NftError
-    from lace_proxy.dataplane.nftables import NftablesBackend
+    from lace_proxy.dataplane.nft import Nft
+    from lace_proxy.dataplane.nftables.backend import NftablesBackend
+    from lace_proxy.dataplane.nftables.transaction import NftError
     from lace_proxy.explain import KernelCheck, check_kernel
 
     if args.kernel is False:
@@ -411,7 +412,7 @@ def _explain_kernel(
 
 def cmd_explain(args: argparse.Namespace) -> int:
     """What happens to one new connection: exit code 0 through, 1 not, 2 bad input."""
-    from lace_proxy.dataplane.nft import netns_prefix
+    from lace_proxy.dataplane.netns import netns_prefix
     from lace_proxy.explain import QueryError, State, explain, parse_query
 
     def bad(message: object) -> int:
@@ -436,7 +437,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if not args.verbose:  # what the proxy would log is in the answer (rejected, conditions)
         logging.getLogger("lace_proxy").setLevel(logging.ERROR)
     from lace_proxy import app
-    from lace_proxy.dataplane.nftables import NftablesBackend
+    from lace_proxy.dataplane.nftables.backend import NftablesBackend
 
     settings = app.nftables_settings(cfg)
     # As `table`: the proxy's own change tracker computes the state; nothing is synced.

@@ -6,8 +6,8 @@ that the kernel needs of it, and hands over what changed since its last committe
 `Changeset`. The proxier gives a backend those, with the network model's `NetworkLayout` of
 the same moment, from one thread (pyroute2 and the nft subprocess stay off the event loop).
 A backend turns them into kernel transactions and never decides policy. Two implement the
-contract: `nftables.NftablesBackend` (mode nftables), and `ipvs.IpvsBackend` (mode ipvs:
-IPVS translates, and an NftablesBackend without translation does the rest).
+contract: `nftables.backend.NftablesBackend` (mode nftables), and `ipvs.IpvsBackend` (mode
+ipvs: IPVS translates, and an NftablesBackend without translation does the rest).
 """
 
 from __future__ import annotations

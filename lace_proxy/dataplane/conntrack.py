@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from lace_proxy.dataplane import netlink
-from lace_proxy.dataplane.nft import netns_prefix
+from lace_proxy.dataplane.netns import netns_prefix
 from lace_proxy.table import Changeset, Plan
 
 log = logging.getLogger(__name__)

@@ -43,8 +43,9 @@ import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lace_proxy.dataplane.nft import Nft, Transaction
+from lace_proxy.dataplane.nft import Nft
 from lace_proxy.dataplane.nftables.settings import IFNAME_PREFIX, TABLE_NAME
+from lace_proxy.dataplane.nftables.transaction import Transaction
 
 FAMILIES = (4, 6)
 Ranges = dict[int, list[tuple[str, str, str]]]  # family -> [(first, last, source)]

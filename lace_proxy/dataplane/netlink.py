@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import NamedTuple, Self
 
-from lace_proxy.dataplane.nft import enter_netns
+from lace_proxy.dataplane.netns import enter_netns
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Running nftables: a transaction is data (a list of commands) applied atomically.
+"""Running nftables: a transaction (data: nftables/transaction.py) applied atomically.
 
 A transaction of set elements only (endpoint changes, periodic syncs, adoption: the bulk of
 what the proxy sends) is encoded in-process and sent as one nfnetlink batch
@@ -15,86 +15,11 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from lace_proxy.dataplane.nftables.netlink import ElementChannel
-
-NETNS_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-
-
-def netns_prefix(netns: str | None) -> list[str]:
-    """argv prefix that runs a command in a named network namespace (validated), or nothing."""
-    if netns is None:
-        return []
-    if not NETNS_NAME.match(netns):
-        raise ValueError(f"invalid network namespace name {netns!r}")
-    return ["ip", "netns", "exec", netns]
-
-
-def enter_netns(name: str) -> None:
-    """Move the calling thread into a named network namespace (never creating it: pyroute2's
-    default would). Sockets it opens afterwards, and /proc/thread-self/net, are that one's."""
-    from pyroute2 import netns
-
-    netns.setns(name, flags=0)
-
-
-class NftError(RuntimeError):
-    """The kernel (or nft) refused a transaction; nothing of it was applied."""
-
-    def __init__(self, message: str, stderr: str) -> None:
-        super().__init__(f"{message}: {stderr.strip()}")
-        self.stderr = stderr
-
-
-@dataclass(frozen=True)
-class Elements:
-    """Elements added to one map or set, or (their keys) deleted from it: a command kept as
-    data, so that a transaction of elements only goes to the kernel without nft
-    (nftables/netlink.py encodes it)."""
-
-    verb: str  # "add" | "delete"
-    family: str
-    table: str
-    container: str
-    elements: tuple[str, ...]
-
-    def __str__(self) -> str:
-        """As nft reads it, the elements sorted (the kernel takes them in any order; a text
-        is compared, logged or golden)."""
-        body = ", ".join(sorted(self.elements))
-        return f"{self.verb} element {self.family} {self.table} {self.container} {{ {body} }}"
-
-
-@dataclass
-class Transaction:
-    """An ordered list of nft commands, applied as one atomic batch."""
-
-    commands: list[str | Elements] = field(default_factory=list)
-
-    def add(self, command: str | Elements) -> None:
-        self.commands.append(command)
-
-    def extend(self, commands: Iterable[str | Elements]) -> None:
-        self.commands.extend(commands)
-
-    def __len__(self) -> int:
-        return len(self.commands)
-
-    def lines(self) -> list[str]:
-        """Each command as nft reads it."""
-        return [str(c) for c in self.commands]
-
-    def text(self) -> str:
-        return "\n".join(self.lines()) + "\n"
-
-    def elements_only(self) -> bool:
-        """Whether every command adds or deletes elements (nothing for nft to parse)."""
-        return all(isinstance(c, Elements) for c in self.commands)
-
+from lace_proxy.dataplane.netns import netns_prefix
+from lace_proxy.dataplane.nftables.netlink import ElementChannel
+from lace_proxy.dataplane.nftables.transaction import Elements, NftError, Transaction
 
 #: What nft prints of a dynamic element's timer ("… timeout 3h expires 2h59m : …").
 _TIMERS = re.compile(r" (?:timeout|expires) [0-9dhms]+")
@@ -164,11 +89,8 @@ class Nft:
         self._netlink: ElementChannel | None = None
 
     def _elements(self) -> ElementChannel:
-        """The netlink channel elements go by, made on first use. (Imported here: the
-        nftables package, which holds it, is built on this module.)"""
+        """The netlink channel elements go by, made on first use."""
         if self._netlink is None:
-            from lace_proxy.dataplane.nftables.netlink import ElementChannel
-
             self._netlink = ElementChannel(self.netns)
         return self._netlink
 

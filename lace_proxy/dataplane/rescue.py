@@ -29,7 +29,7 @@ import logging
 from collections.abc import Iterable
 
 from lace_proxy.dataplane.conntrack import UdpFlow
-from lace_proxy.dataplane.nft import Elements, Transaction
+from lace_proxy.dataplane.nftables.transaction import Elements, Transaction
 
 log = logging.getLogger(__name__)
 

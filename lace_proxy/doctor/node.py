@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from lace_proxy.dataplane.ipvs import virtual_services
-from lace_proxy.dataplane.nft import Nft, NftError, enter_netns
+from lace_proxy.dataplane.netns import enter_netns
+from lace_proxy.dataplane.nft import Nft
+from lace_proxy.dataplane.nftables.transaction import NftError
 from lace_proxy.dataplane.rtnetlink import RtnlChannel
 from lace_proxy.doctor.severity import NOTE, OK, PROBLEM
 from lace_proxy.egress.routing import read_snapshot

@@ -32,7 +32,8 @@ from pyroute2.netlink.rtnl import (
 
 from lace_proxy.dataplane.egress_snat import EgressSnat, Ranges, nft_interface_name
 from lace_proxy.dataplane.netlink import NetlinkSocket
-from lace_proxy.dataplane.nft import NftError, enter_netns
+from lace_proxy.dataplane.netns import enter_netns
+from lace_proxy.dataplane.nftables.transaction import NftError
 from lace_proxy.dataplane.rtnetlink import RtnlChannel
 from lace_proxy.egress.routing import read_snapshot
 

@@ -7,7 +7,7 @@ import ipaddress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from lace_proxy.dataplane.nftables import NftablesSettings
+from lace_proxy.dataplane.nftables.settings import NftablesSettings
 
 if TYPE_CHECKING:
     from lace_proxy.proxier import Proxier

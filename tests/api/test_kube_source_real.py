@@ -26,7 +26,8 @@ import yaml
 from kubernetes import config
 from kubernetes.aio.client import ApiClient
 
-from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.dataplane.nftables.backend import NftablesBackend
+from lace_proxy.dataplane.nftables.settings import NftablesSettings
 from lace_proxy.health import ProxierHealth
 from lace_proxy.metrics import ProxyMetrics
 from lace_proxy.model import (

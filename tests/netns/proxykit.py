@@ -14,8 +14,10 @@ import yaml
 
 from lace_proxy.dataplane.conntrack import Conntrack
 from lace_proxy.dataplane.ipvs import IpvsBackend, IpvsSettings
-from lace_proxy.dataplane.nft import ElementSource, Nft, Transaction
-from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.dataplane.nft import ElementSource, Nft
+from lace_proxy.dataplane.nftables.backend import NftablesBackend
+from lace_proxy.dataplane.nftables.settings import NftablesSettings
+from lace_proxy.dataplane.nftables.transaction import Transaction
 from lace_proxy.dataplane.routes import PolicyRoutes, RoutingSettings
 from lace_proxy.demo.testbed import (
     POD_CIDR4,

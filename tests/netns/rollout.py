@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from lace_proxy.dataplane.nft import enter_netns
+from lace_proxy.dataplane.netns import enter_netns
 from lace_proxy.demo.testbed import UPLINK_NODE4, Host, Testbed
 
 from .proxykit import EXT4, LB4, NODE, Harness

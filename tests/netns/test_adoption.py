@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from lace_proxy.dataplane.nftables import NftablesBackend
+from lace_proxy.dataplane.nftables.backend import NftablesBackend
 from lace_proxy.demo.testbed import CLIENT4, Testbed, request_tcp
 
 from .proxykit import (

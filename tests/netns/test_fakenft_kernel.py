@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from lace_proxy.dataplane.nft import Nft, NftError, Transaction
-from lace_proxy.dataplane.nftables import NftablesBackend
+from lace_proxy.dataplane.nft import Nft
+from lace_proxy.dataplane.nftables.backend import NftablesBackend
 from lace_proxy.dataplane.nftables.kernel import KernelState, canonical
+from lace_proxy.dataplane.nftables.transaction import NftError, Transaction
 from lace_proxy.demo.testbed import CLIENT4, Testbed
 from testkit.fakenft import FakeNft
 

@@ -20,7 +20,7 @@ import yaml
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from lace_proxy.dataplane.nft import Transaction
+from lace_proxy.dataplane.nftables.transaction import Transaction
 from lace_proxy.demo.testbed import Testbed
 from lace_proxy.model.load import load_manifests
 

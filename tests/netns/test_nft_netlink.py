@@ -17,10 +17,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from lace_proxy.dataplane.nft import Elements, Nft, NftError
-from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings, codec
+from lace_proxy.dataplane.nft import Nft
+from lace_proxy.dataplane.nftables import codec
+from lace_proxy.dataplane.nftables.backend import NftablesBackend
 from lace_proxy.dataplane.nftables.kernel import KernelState, canonical
 from lace_proxy.dataplane.nftables.netlink import ElementChannel
+from lace_proxy.dataplane.nftables.settings import NftablesSettings
+from lace_proxy.dataplane.nftables.transaction import Elements, NftError
 from lace_proxy.demo.testbed import Testbed
 
 from .proxykit import VIP4, Harness, RecordingNft, endpoints, service

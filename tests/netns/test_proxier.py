@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from lace_proxy.dataplane.nft import Nft
-from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.dataplane.nftables.backend import NftablesBackend
+from lace_proxy.dataplane.nftables.settings import NftablesSettings
 from lace_proxy.demo.testbed import Testbed, request_tcp
 from lace_proxy.health import ProxierHealth
 from lace_proxy.metrics import ProxyMetrics

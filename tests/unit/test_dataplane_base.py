@@ -9,7 +9,7 @@ import pytest
 
 from lace_proxy.dataplane.base import Dataplane
 from lace_proxy.dataplane.ipvs import IpvsBackend
-from lace_proxy.dataplane.nftables import NftablesBackend
+from lace_proxy.dataplane.nftables.backend import NftablesBackend
 
 METHODS = sorted(
     name for name, value in vars(Dataplane).items() if inspect.isfunction(value) and name[0] != "_"

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from lace_proxy.dataplane.nft import NftError, Transaction
 from lace_proxy.dataplane.nftables.kernel import KernelState
+from lace_proxy.dataplane.nftables.transaction import NftError, Transaction
 from testkit.fakenft import FakeNft
 
 T = "inet t"

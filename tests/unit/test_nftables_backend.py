@@ -10,9 +10,10 @@ import random
 
 import pytest
 
-from lace_proxy.dataplane.nft import NftError, Transaction
-from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.dataplane.nftables.backend import NftablesBackend
 from lace_proxy.dataplane.nftables.kernel import KernelState
+from lace_proxy.dataplane.nftables.settings import NftablesSettings
+from lace_proxy.dataplane.nftables.transaction import NftError, Transaction
 from lace_proxy.model import EndpointSlice, Service
 from lace_proxy.model.service import ServicePort
 from lace_proxy.proxier import Proxier

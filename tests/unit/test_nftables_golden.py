@@ -23,7 +23,8 @@ from types import ModuleType
 
 import pytest
 
-from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.dataplane.nftables.backend import NftablesBackend
+from lace_proxy.dataplane.nftables.settings import NftablesSettings
 from lace_proxy.model import EndpointSlice, Service
 from lace_proxy.model.endpointslice import EndpointPort
 from lace_proxy.model.service import ServicePort

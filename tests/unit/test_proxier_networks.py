@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from lace_proxy.dataplane.nft import Nft
-from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.dataplane.nftables.backend import NftablesBackend
+from lace_proxy.dataplane.nftables.settings import NftablesSettings
 from lace_proxy.model import parse_object
 from lace_proxy.proxier import Proxier
 from lace_proxy.table import ServiceTable

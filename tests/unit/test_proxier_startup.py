@@ -12,7 +12,8 @@ import logging
 
 import pytest
 
-from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.dataplane.nftables.backend import NftablesBackend
+from lace_proxy.dataplane.nftables.settings import NftablesSettings
 from lace_proxy.health import ProxierHealth
 from lace_proxy.metrics import ProxyMetrics
 from lace_proxy.proxier import Proxier

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.dataplane.nftables.backend import NftablesBackend
+from lace_proxy.dataplane.nftables.settings import NftablesSettings
 from lace_proxy.model.parse import parse_endpoint_slice, parse_service
 from lace_proxy.proxier import Proxier
 from lace_proxy.state_socket import StateServer, StateUnavailable, fetch

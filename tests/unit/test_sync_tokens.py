@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 
-from lace_proxy.dataplane.nftables import NftablesBackend, NftablesSettings
+from lace_proxy.dataplane.nftables.backend import NftablesBackend
+from lace_proxy.dataplane.nftables.settings import NftablesSettings
 from lace_proxy.proxier import Proxier, SyncTokens
 from lace_proxy.table import ServiceTable
 from testkit.fakenft import FakeNft

@@ -49,8 +49,8 @@ from lace_proxy.dataplane.ipvs.model import (
 )
 from lace_proxy.dataplane.ipvs.netlink import Batch, IpvsChannel
 from lace_proxy.dataplane.ipvs.udp import remove_udp_servers
-from lace_proxy.dataplane.nft import enter_netns
-from lace_proxy.dataplane.nftables import NftablesBackend
+from lace_proxy.dataplane.netns import enter_netns
+from lace_proxy.dataplane.nftables.backend import NftablesBackend
 from lace_proxy.gcpause import collection_paused
 from lace_proxy.networks.graph import NetworkLayout
 from lace_proxy.table import Changeset, Plan

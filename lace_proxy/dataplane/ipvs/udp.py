@@ -12,7 +12,7 @@ from lace_proxy.dataplane.ipvs import kernel
 from lace_proxy.dataplane.ipvs.model import VirtualServer
 from lace_proxy.dataplane.ipvs.netlink import IpvsChannel
 from lace_proxy.dataplane.netlink import NETLINK_NETFILTER, NetlinkSocket, send_together
-from lace_proxy.dataplane.nftables import NftablesBackend
+from lace_proxy.dataplane.nftables.backend import NftablesBackend
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,8 @@
 """The nftables backend: plans in, nf_tables objects out, one atomic transaction per sync.
 
 - `settings`: what it takes from the configuration, validated.
+- `transaction`: what is sent to nf_tables (`Transaction`, its `Elements`) and its refusal
+  (`NftError`).
 - `skeleton`: the table's fixed part (base chains, the maps and sets the plans fill).
 - `render`: what plans and the network layout add, deterministically; the table's layout
   is described there. `shared`: the shared chains and the counts they dispatch on.
@@ -11,10 +13,8 @@
   and each map's and set's layout; `netlink`: the channel that sends and reads them.
 
 Transactions are applied by `lace_proxy.dataplane.nft`: elements over `netlink`, the rest
-by the nft command.
+by the nft command. This module imports none of them: what a module below the backend
+imports from the package (the runner, the UDP rescue: `transaction`, `netlink`) does not
+bring the backend, which is built on them, nor does a command that only names an
+`NftError` (the CLI's `main`).
 """
-
-from lace_proxy.dataplane.nftables.backend import NftablesBackend
-from lace_proxy.dataplane.nftables.settings import NftablesSettings
-
-__all__ = ["NftablesBackend", "NftablesSettings"]

@@ -33,13 +33,14 @@ from lace_proxy.dataplane.conntrack import (
     stale_udp_filters,
     stale_udp_filters_by_elements,
 )
-from lace_proxy.dataplane.nft import Elements, Nft, NftError, Transaction
+from lace_proxy.dataplane.nft import Nft
 from lace_proxy.dataplane.nftables.affinity import IdAdoption, backend_set, needs_id
 from lace_proxy.dataplane.nftables.kernel import KernelState, canonical, rule_hash
 from lace_proxy.dataplane.nftables.render import Rendered, Renderer, element_key, name_hash
 from lace_proxy.dataplane.nftables.settings import NftablesSettings
 from lace_proxy.dataplane.nftables.shared import ENDPOINT_MAP, need_of
 from lace_proxy.dataplane.nftables.skeleton import ACCESS_CHAINS
+from lace_proxy.dataplane.nftables.transaction import Elements, NftError, Transaction
 from lace_proxy.gcpause import collection_paused
 
 log = logging.getLogger(__name__)

@@ -31,8 +31,8 @@ from lace_proxy.dataplane.netlink import (
     messages,
     socket_in,
 )
-from lace_proxy.dataplane.nft import Elements, NftError
 from lace_proxy.dataplane.nftables.codec import Batch, CodecError, DumpParser, dump_request, layout
+from lace_proxy.dataplane.nftables.transaction import Elements, NftError
 
 #: The answers a batch may leave waiting: one acknowledgement, and an error per request the
 #: kernel refused (it reports every one before aborting).
