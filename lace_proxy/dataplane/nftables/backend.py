@@ -39,14 +39,14 @@ from lace_proxy.dataplane.nftables.kernel import KernelState, canonical, rule_ha
 from lace_proxy.dataplane.nftables.render import Rendered, Renderer, element_key, name_hash
 from lace_proxy.dataplane.nftables.settings import NftablesSettings
 from lace_proxy.dataplane.nftables.shared import ENDPOINT_MAP, need_of
-from lace_proxy.dataplane.nftables.skeleton import ACCESS_CHAINS
+from lace_proxy.dataplane.nftables.skeleton import ACCESS_CHAINS, RESCUE_CONTAINERS
 from lace_proxy.dataplane.nftables.transaction import Elements, NftError, Transaction
 from lace_proxy.gcpause import collection_paused
 
 log = logging.getLogger(__name__)
 
 #: Dynamic state a full sync keeps: clients' remembered endpoints, moved flows' replies.
-KEPT = ("affinity-v4", "affinity-v6", *rescue.CONTAINERS)
+KEPT = ("affinity-v4", "affinity-v6", *RESCUE_CONTAINERS)
 #: Changes whenever what a table's skeleton means changes (see NftablesBackend._skeleton).
 SKELETON_VERSION = 3
 #: Every this many full syncs read every element back (see NftablesBackend.full_sync).

@@ -3,8 +3,8 @@
 `LACE_PROXY_NO_EXTENSIONS=1` forces the pure twin, as for the service table. A layout is
 what the codec needs to read an element's text: the key's fields, the data's (none for a
 set, VERDICT for a verdict map), and whether the set holds intervals. It follows the
-declarations in skeleton.py, render.py and rescue.py; a test holds each against the
-kernel's own key and data lengths.
+declarations in skeleton.py and render.py; a test holds each against the kernel's own key
+and data lengths.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The nftables table's fixed part: what it holds whatever the plans.
 
 Base chains hook into netfilter (filter at priority -110, before conntrack's NAT; nat at
-dstnat and srcnat; the UDP reply rescue at raw and srcnat, see rescue.py) and jump to
-helper chains. Those look frontends up in the maps and sets the plans fill (declared here,
+dstnat and srcnat; the UDP reply rescue at raw and srcnat, with its maps: declared here,
+filled by lace_proxy.dataplane.rescue, which says how they translate) and jump to helper
+chains. Those look frontends up in the maps and sets the plans fill (declared here,
 empty): the `frontends-*` and `nodeports-*` sets send a service's frontends to the shared
 chains of their kind, which DNAT (shared.py: their rules, and the sets and maps of endpoint
 counts, are made as counts are used); `service-ips` and `service-nodeports` send the rare
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import ipaddress
 
-from lace_proxy.dataplane import rescue
 from lace_proxy.dataplane.nftables.settings import NftablesSettings
 
 FAMILIES = (4, 6)
@@ -51,6 +51,11 @@ NO_ENDPOINT_SETS = tuple(
 #: What a connection the network model does not allow gets: an ICMP error no other part of
 #: the proxy sends (no endpoints is port-unreachable), so it is told apart on the wire.
 DENY = "reject with icmpx admin-prohibited"
+#: How long a moved UDP flow's old endpoint can still answer (lace_proxy.dataplane.rescue):
+#: longer than any reply in flight. Its maps' element timeout.
+RESCUE_SECONDS = 5
+RESCUE_KINDS = ("daddr", "dport", "sport", "saddr")
+RESCUE_CONTAINERS = tuple(f"rescue-{kind}-v{fam}" for fam in FAMILIES for kind in RESCUE_KINDS)
 
 
 def ip_keyword(family: int) -> str:
@@ -67,6 +72,48 @@ def family_cidrs(cidrs: tuple[str, ...], family: int) -> list[str]:
     """The CIDRs of one family, normalised (host bits cleared)."""
     nets = (ipaddress.ip_network(c, strict=False) for c in cidrs)
     return [str(n) for n in nets if n.version == family]
+
+
+def rescue_maps(family: int) -> list[str]:
+    """The UDP reply rescue's four maps of the family (keyed by a rescued reply's tuple)."""
+    at = addr_type(family)
+    key = f"{at} . inet_service . {at} . inet_service"
+    values = {"daddr": at, "dport": "inet_service", "sport": "inet_service", "saddr": at}
+    return [
+        f"  map rescue-{kind}-v{family} {{ type {key} : {values[kind]};"
+        f" flags timeout; timeout {RESCUE_SECONDS}s; }}"
+        for kind in RESCUE_KINDS
+    ]
+
+
+def rescue_chains() -> list[str]:
+    """The base chains that translate a rescued reply by those maps."""
+    pre, post = [], []
+    for fam in FAMILIES:
+        ip, v = ip_keyword(fam), f"v{fam}"
+        key = f"{ip} saddr . udp sport . {ip} daddr . udp dport"
+        pre.append(
+            f"    {ip} daddr set {key} map @rescue-daddr-{v}"
+            f" udp dport set {key} map @rescue-dport-{v} notrack"
+        )
+        post.append(
+            f"    ct state untracked udp sport set {key} map @rescue-sport-{v}"
+            f" {ip} saddr set {key} map @rescue-saddr-{v}"
+        )
+    return [
+        "  chain rescue-prerouting {",
+        "    type filter hook prerouting priority raw; policy accept;",
+        *pre,
+        "  }",
+        "  chain rescue-postrouting {",
+        "    type filter hook postrouting priority srcnat; policy accept;",
+        *post,
+        "  }",
+        "  chain rescue-input {",
+        "    type filter hook input priority 100; policy accept;",
+        *post,
+        "  }",
+    ]
 
 
 class Skeleton:
@@ -137,7 +184,7 @@ class Skeleton:
                 f"  map source-networks-{v} {{ type {at} : verdict; flags interval; }}",
                 f"  set host-unpeered-{v} {{ type {at}; flags interval; }}",
                 f"  set local-pod-cidrs-{v} {{ type {at}; flags interval; }}",
-                *rescue.declarations(fam),
+                *rescue_maps(fam),
             ]
         lines += [
             "  chain mark-for-masquerade {",
@@ -269,7 +316,7 @@ class Skeleton:
             "    meta nfproto ipv6 ct status dnat ct mark != 0 jump arec-v6",
             "    jump masquerading",
             "  }",
-            *rescue.chains(),
+            *rescue_chains(),
             "}",
         ]
         return lines
