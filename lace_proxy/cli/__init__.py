@@ -29,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in (run, inspect, kernel, bgp, doctor, admin):  # the order `--help` lists them in
         group.register(commands)
+    # The whole parser, handed to the handlers (`completion` turns it into a script) so that
+    # no command group imports this module, which imports them.
+    parser.set_defaults(parser=parser)
     return parser
 
 

@@ -145,12 +145,11 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
-    """A completion script generated from the parser itself, so it never falls behind."""
+    """A completion script generated from the parser itself (`args.parser`, the whole
+    command's), so it never falls behind."""
     import shtab
 
-    from lace_proxy.cli import build_parser
-
-    print(shtab.complete(build_parser(), shell=args.shell))
+    print(shtab.complete(args.parser, shell=args.shell))
     return 0
 
 
