@@ -71,6 +71,13 @@ def api_service(name: str, port: int = 80, **labels: str) -> dict[str, Any]:
     }
 
 
+def annotated_service(annotations: dict[str, Any] | None) -> dict[str, Any]:
+    """`api_service("web")` with these metadata.annotations (None: the key present, null)."""
+    obj = api_service("web")
+    obj["metadata"]["annotations"] = annotations
+    return obj
+
+
 def api_service_cidr(*cidrs: str, name: str = "kubernetes") -> dict[str, Any]:
     """A networking.k8s.io/v1 ServiceCIDR (the API server's own is named `kubernetes`)."""
     return {

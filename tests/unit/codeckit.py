@@ -1,14 +1,22 @@
 """What the tests of the two netlink codecs (nf_tables, IPVS) share: their twin fixtures and
 the random addresses both feed their twins, the edges where hand-written C goes wrong among
-them (zero runs, IPv4-mapped IPv6)."""
+them (zero runs, IPv4-mapped IPv6); and what the tests of the channels that send encoded
+requests share: a stand-in for the kernel's end of a netlink socket."""
 
 from __future__ import annotations
 
 import ipaddress
 import random
+import struct
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
+
+from lace_proxy.dataplane.netlink import Answer
+
+#: A netlink message's header: length, type, flags, sequence, port id.
+NLMSG = struct.Struct("=IHHII")
 
 
 def codec_fixtures(compiled: str, pure: ModuleType) -> tuple[object, object]:
@@ -49,3 +57,28 @@ def random_ipv6(rng: random.Random) -> str:
 def random_address(rng: random.Random, version: int) -> str:
     """An IPv4 (`version` 4) or IPv6 address in `ipaddress`'s text."""
     return str(ipaddress.IPv4Address(rng.getrandbits(32))) if version == 4 else random_ipv6(rng)
+
+
+class FakeKernel:
+    """A netlink socket's two ends: what `send` got, and the answers it left waiting
+    (at most `room` of them per send, as a receive buffer that fills up)."""
+
+    def __init__(self, refuse: Callable[[bytes], int], room: int = 10_000) -> None:
+        self.refuse = refuse
+        self.room = room
+        self.sent: list[bytes] = []
+        self._waiting: dict[int, Answer] = {}
+
+    def send(self, data: bytes) -> None:
+        self.sent.append(data)
+        at = 0
+        while at < len(data):
+            length, _, flags, sequence, _ = NLMSG.unpack_from(data, at)
+            code = self.refuse(data[at : at + length])
+            if (code or flags & 0x4) and len(self._waiting) < self.room:
+                self._waiting[sequence] = Answer(code)
+            at += length
+
+    def replies(self) -> dict[int, Answer]:
+        out, self._waiting = self._waiting, {}
+        return out

@@ -1,7 +1,7 @@
 """The dummy interface's address requests as pyroute2 encodes them, and refusals mapped back
 to their addresses (the dump's parse is test_rtnetlink's).
 
-Against a recording stand-in for the kernel (test_ipvs_netlink's: every request of a `send`
+Against a recording stand-in for the kernel (codeckit's: every request of a `send`
 carried out, an answer only for a refusal or a request that asks for one); the real kernel's
 behaviour is tests/vm/inner/test_ipvs_addresses.py's.
 """
@@ -19,7 +19,7 @@ from lace_proxy.dataplane.ipvs import addresses as rtnl
 from lace_proxy.dataplane.ipvs.addresses import AddressChannel, AddressRefusal
 from lace_proxy.dataplane.netlink import CHUNK
 
-from .test_ipvs_netlink import NLMSG, FakeKernel
+from .codeckit import NLMSG, FakeKernel
 
 INDEX = 7
 

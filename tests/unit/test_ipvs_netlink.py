@@ -14,7 +14,6 @@ import errno
 import ipaddress
 import random
 import struct
-from collections.abc import Callable
 from types import ModuleType
 
 import pytest
@@ -25,10 +24,9 @@ from lace_proxy.dataplane.ipvs.model import Target, VirtualServer
 from lace_proxy.dataplane.ipvs.netlink import Batch, Change, IpvsChannel, Refusal
 from lace_proxy.dataplane.netlink import CHUNK, Answer
 
-from .codeckit import codec_fixtures
+from .codeckit import NLMSG, FakeKernel, codec_fixtures
 
 FAMILY = 0x1F
-NLMSG = struct.Struct("=IHHII")
 
 compiled, twin = codec_fixtures("lace_proxy.dataplane.ipvs._ccodec", _pycodec)
 
@@ -47,31 +45,6 @@ def _port_of_dest(message: bytes) -> int | None:
                 inner += (size + 3) & ~3
         at += (length + 3) & ~3
     return None
-
-
-class FakeKernel:
-    """A netlink socket's two ends: what `send` got, and the answers it left waiting
-    (at most `room` of them per send, as a receive buffer that fills up)."""
-
-    def __init__(self, refuse: Callable[[bytes], int], room: int = 10_000) -> None:
-        self.refuse = refuse
-        self.room = room
-        self.sent: list[bytes] = []
-        self._waiting: dict[int, Answer] = {}
-
-    def send(self, data: bytes) -> None:
-        self.sent.append(data)
-        at = 0
-        while at < len(data):
-            length, _, flags, sequence, _ = NLMSG.unpack_from(data, at)
-            code = self.refuse(data[at : at + length])
-            if (code or flags & 0x4) and len(self._waiting) < self.room:
-                self._waiting[sequence] = Answer(code)
-            at += length
-
-    def replies(self) -> dict[int, Answer]:
-        out, self._waiting = self._waiting, {}
-        return out
 
 
 def _channel(kernel: FakeKernel) -> IpvsChannel:

@@ -44,7 +44,7 @@ from lace_proxy.model.service import (
     KUBE_ROUTER_SCHEDULER_ANNOTATION,
 )
 
-from ..helpers import api_service_cidr, assert_junk_is_rejected_cleanly
+from ..helpers import annotated_service, api_service_cidr, assert_junk_is_rejected_cleanly
 
 # --- realistic objects, as `kubectl get -o yaml` shows them -------------------------------------
 
@@ -386,12 +386,6 @@ def test_affinity_timeout_default_and_ignored_without_client_ip() -> None:
     assert not_sticky.affinity_timeout == 10800
 
 
-def annotated(annotations: dict[str, Any]) -> dict[str, Any]:
-    obj = service()
-    obj["metadata"]["annotations"] = annotations
-    return obj
-
-
 def test_annotation_names() -> None:
     assert "mh" in IPVS_SCHEDULERS
     assert IPVS_SCHEDULER_ANNOTATION == "lace-proxy.lace-cni.io/ipvs-scheduler"
@@ -400,38 +394,38 @@ def test_annotation_names() -> None:
 
 @pytest.mark.parametrize("scheduler", IPVS_SCHEDULERS)
 def test_ipvs_scheduler_from_annotation(scheduler: str) -> None:
-    svc = parse_service(annotated({IPVS_SCHEDULER_ANNOTATION: scheduler}))
+    svc = parse_service(annotated_service({IPVS_SCHEDULER_ANNOTATION: scheduler}))
     assert svc.ipvs_scheduler == scheduler
 
 
 @pytest.mark.parametrize("scheduler", ["sh", "mh"])
 def test_ipvs_scheduler_falls_back_to_kube_routers_annotation(scheduler: str) -> None:
-    svc = parse_service(annotated({KUBE_ROUTER_SCHEDULER_ANNOTATION: scheduler}))
+    svc = parse_service(annotated_service({KUBE_ROUTER_SCHEDULER_ANNOTATION: scheduler}))
     assert svc.ipvs_scheduler == scheduler
 
 
 @pytest.mark.parametrize("kube_router", ["sh", "fifo", ""])
 def test_lace_proxy_scheduler_annotation_wins_over_kube_routers(kube_router: str) -> None:
     """kube-router's annotation is not even checked when lace-proxy's is set."""
-    obj = annotated(
+    obj = annotated_service(
         {KUBE_ROUTER_SCHEDULER_ANNOTATION: kube_router, IPVS_SCHEDULER_ANNOTATION: "lc"}
     )
     assert parse_service(obj).ipvs_scheduler == "lc"
 
 
 def test_empty_lace_proxy_scheduler_annotation_lets_kube_routers_apply() -> None:
-    obj = annotated({IPVS_SCHEDULER_ANNOTATION: "", KUBE_ROUTER_SCHEDULER_ANNOTATION: "dh"})
+    obj = annotated_service({IPVS_SCHEDULER_ANNOTATION: "", KUBE_ROUTER_SCHEDULER_ANNOTATION: "dh"})
     assert parse_service(obj).ipvs_scheduler == "dh"
 
 
 @pytest.mark.parametrize("annotations", [None, {}, {IPVS_SCHEDULER_ANNOTATION: ""}])
 def test_no_scheduler_annotation_means_the_configured_default(annotations: Any) -> None:
-    assert parse_service(annotated(annotations)).ipvs_scheduler is None
+    assert parse_service(annotated_service(annotations)).ipvs_scheduler is None
     assert Service("default", "web", "ClusterIP", (), ()).ipvs_scheduler is None
 
 
 def test_invalid_scheduler_message_names_the_annotation() -> None:
-    error = rejected(parse_service, annotated({IPVS_SCHEDULER_ANNOTATION: "fifo"}))
+    error = rejected(parse_service, annotated_service({IPVS_SCHEDULER_ANNOTATION: "fifo"}))
     assert error.code == "invalid_scheduler"
     assert str(error) == (
         'Service default/web: metadata.annotations["lace-proxy.lace-cni.io/ipvs-scheduler"]'

@@ -14,7 +14,7 @@ from lace_proxy.model.service import (
     community,
 )
 
-from .test_model import annotated
+from ..helpers import annotated_service
 
 
 @pytest.mark.parametrize(
@@ -35,7 +35,7 @@ from .test_model import annotated
     ],
 )
 def test_bgp_annotations(annotations: dict[str, Any], expected: BgpAnnotations | None) -> None:
-    assert parse_service(annotated(annotations)).bgp == expected
+    assert parse_service(annotated_service(annotations)).bgp == expected
 
 
 @pytest.mark.parametrize(
@@ -53,7 +53,7 @@ def test_a_bad_bgp_annotation_rejects_the_service_naming_it(
     key: str, value: str, code: str, says: str
 ) -> None:
     with pytest.raises(ValidationError) as caught:
-        parse_service(annotated({key: value}))
+        parse_service(annotated_service({key: value}))
     assert caught.value.code == code
     assert f'metadata.annotations["{key}"]' in str(caught.value)
     assert says in str(caught.value)
