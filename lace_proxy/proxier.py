@@ -63,16 +63,16 @@ class SyncTokens:
     2): a token per `period`, at most `burst` saved, each sync takes one. A change that comes
     right after a sync (a periodic full one included) is programmed at once; a stream of
     changes still syncs once a period. With one token (one sync a period), a change just
-    after the periodic sync waited up to a period: the bench's p99 of 0.8-1.0 s at every
-    size, against a median of 2 ms."""
+    after the periodic sync waited up to a period: bench_vs_kube_proxy's p99 at 10k fell
+    from 829 ms to 2.3 ms (median 1.4 ms)."""
 
     def __init__(self, period: float) -> None:
         self.period = period
         self._tokens = float(SYNC_BURST)
-        self._at: float | None = None
+        self._at = float("-inf")  # no sync yet: the bucket is full
 
     def _level(self, now: float) -> float:
-        if self._at is None or self.period <= 0:
+        if self.period <= 0:
             return float(SYNC_BURST)
         return min(float(SYNC_BURST), self._tokens + (now - self._at) / self.period)
 
