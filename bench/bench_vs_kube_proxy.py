@@ -737,12 +737,13 @@ def updates(
     run: Run, args: argparse.Namespace, api: Any, fresh: Iterator[str], rng: random.Random
 ) -> None:
     """One endpoint replaced at a time; each from the API's acceptance to the kernel."""
-    latencies = run.result["latencies_s"]
+    latencies, times = run.result["latencies_s"], run.result["update_times"]
     with Monitor(run.seat.netns.name) as monitor:
         misses = 0
         for _ in range(args.updates):
             i, packed = rng.randrange(run.size), monitor.expect(address := next(fresh))
             accepted = patch_endpoint(api, i, address)
+            times.append(time.time() - (time.monotonic() - accepted))
             seen_at = monitor.wait_for(packed, UPDATE_TIMEOUT)
             latencies.append(math.inf if seen_at is None else seen_at - accepted)
             misses = misses + 1 if seen_at is None else 0
@@ -774,6 +775,7 @@ def measure(
         "sync_s": None,
         "cpu_sync_s": None,
         "latencies_s": [],
+        "update_times": [],  # when the API accepted each update (epoch seconds, for the logs)
     }
     directory = workdir / f"{seat.proxy.name}-{size}"
     directory.mkdir()
@@ -795,6 +797,8 @@ def measure(
         result["main_end_bytes"] = _status_bytes(popen.pid, "VmRSS")
         result["wall_s"] = time.monotonic() - started
         stop(popen)
+        if args.logs:
+            shutil.copy(log, Path(args.logs) / f"{seat.proxy.name}-{size}.log")
         result["peak_rss_bytes"] = cgroups.stop_sampling()
         result["charged_peak_bytes"] = cgroups.charged_peak()
         result["programs"] = sorted(cgroups.programs)
@@ -955,8 +959,8 @@ def print_size(entry: dict[str, Any], out: TextIO) -> None:
         w(_row(label, fmt_mib(k), fmt_mib(v), fmt_ratio(v, k)))
     for label, key in (("CPU, start → first sync", "cpu_sync_s"), ("CPU, whole run", "cpu_s")):
         k, v = kube[key], lace[key]
-        shown = [f"{x:.2f} s" if x is not None else "-" for x in (k, v)]
-        w(_row(label, *shown, fmt_ratio(v, k)))
+        shown_k, shown_v = (f"{x:.2f} s" if x is not None else "-" for x in (k, v))
+        w(_row(label, shown_k, shown_v, fmt_ratio(v, k)))
     for key in ("chains", "rules", "sets", "elements", "total"):
         k, v = kube["objects"][key], lace["objects"][key]
         label = f"kernel objects: {key}" if key != "total" else "kernel objects, total (+ tables)"
@@ -1128,6 +1132,9 @@ def main(argv: list[str] | None = None) -> int:
         "--json",
         action="store_true",
         help="print JSON (latencies included); the tables go to stderr",
+    )
+    parser.add_argument(
+        "--logs", metavar="DIR", help="keep each proxy's log there, as <proxy>-<size>.log"
     )
     parser.add_argument("--source-worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

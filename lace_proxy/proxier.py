@@ -2,7 +2,7 @@
 
 Sources call the change-tracker methods on the event loop; they only update the table and
 wake the loop. The loop coalesces changes: a sync per `min_sync_period` at most, with a
-burst of two (`SyncTokens`, kube-proxy's limiter), a full reconcile every `sync_period`, and
+burst of two (`SyncTokens`), a verified full reconcile every `sync_period`, and
 nothing is programmed before every source has delivered its initial state; until the first
 sync has programmed it, the log (after `startup_report` seconds, and as often again) and
 /healthz say what the proxy waits for (`waiting_for`). The dataplane runs in its own thread
@@ -54,17 +54,17 @@ class SyncStats:
     last_sync_time: float = 0.0
 
 
-#: Syncs that may follow each other without waiting (kube-proxy's burstSyncs).
+#: Syncs that may follow each other without waiting: the periodic full sync and a change.
 SYNC_BURST = 2
 
 
 class SyncTokens:
-    """The sync loop's rate limit, as kube-proxy's (BoundedFrequencyRunner with burstSyncs
-    2): a token per `period`, at most `burst` saved, each sync takes one. A change that comes
-    right after a sync (a periodic full one included) is programmed at once; a stream of
-    changes still syncs once a period. With one token (one sync a period), a change just
-    after the periodic sync waited up to a period: bench_vs_kube_proxy's p99 at 10k fell
-    from 829 ms to 2.3 ms (median 1.4 ms)."""
+    """The sync loop's rate limit: a token per `period`, at most two saved, each sync takes
+    one. kube-proxy v1.37's runner has no burst (a sync, then minSyncPeriod before the next),
+    but its only periodic sync is hourly; lace-proxy verifies the kernel every syncPeriod, and
+    the second token keeps that sync from holding up a change that comes right after it. A
+    stream of changes still syncs once a period. With one token, bench_vs_kube_proxy's p99 at
+    10k was 829 ms (2.3 ms with two; median 1.4 ms)."""
 
     def __init__(self, period: float) -> None:
         self.period = period
@@ -401,8 +401,14 @@ class Proxier:
                     if not self.ready
                     else max(0.0, last_full + self.sync_period - time.monotonic())
                 )
-                await asyncio.wait({waker, stopper}, timeout=timeout, return_when="FIRST_COMPLETED")
+                done, _ = await asyncio.wait(
+                    {waker, stopper}, timeout=timeout, return_when="FIRST_COMPLETED"
+                )
                 waker.cancel()
+                # Woken by the timeout: the periodic full sync is due. Not judged by the clock
+                # alone: uvloop's timers fire up to a millisecond early, and a partial sync
+                # with nothing to do would spend the tokens a change needs right after.
+                periodic = not done
                 if stop.is_set():
                     break
                 if not self.ready:
@@ -417,12 +423,15 @@ class Proxier:
                 else:
                     delay = self._tokens.wait(now)
                 if delay > 0:
+                    log.debug("sync waits %.0f ms (rate limit or retry backoff)", delay * 1000)
                     await asyncio.wait({stopper}, timeout=delay)
                     if stop.is_set():
                         break
                 self._wake.clear()
                 self._tokens.take(time.monotonic())
-                full = self._need_full or time.monotonic() - last_full >= self.sync_period
+                full = (
+                    self._need_full or periodic or time.monotonic() - last_full >= self.sync_period
+                )
                 synced_full = self.stats.full_syncs
                 if not await self.sync(full=full):
                     self._wake.set()  # retry after the backoff, as a full sync
@@ -509,7 +518,13 @@ class Proxier:
             await loop.run_in_executor(self._executor, takeover)
             self._need_full = True
             self._wake.set()
-        if count:
+        if not count:
+            log.debug(
+                "%s sync: nothing to change, %.1f ms",
+                "full" if full else "partial",
+                self.stats.last_sync_seconds * 1000,
+            )
+        else:
             log.info(
                 "%s sync: %d plan changes, %d nft commands, %.1f ms",
                 "full" if full else "partial",

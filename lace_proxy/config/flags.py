@@ -48,8 +48,8 @@ _FLAGS: dict[str, tuple[str, str | None, str]] = {
     "--min-sync-period": (
         "minSyncPeriod",
         "DURATION",
-        "the sync rate limit: a sync per DURATION, two back to back at most (as "
-        "kube-proxy), e.g. 1s, 500ms (default: 1s); beats the file's "
+        "the sync rate limit: a sync per DURATION, two back to back at most (the "
+        "periodic full sync and a change), e.g. 1s, 500ms (default: 1s); beats the file's "
         "nftables/ipvs.minSyncPeriod too",
     ),
     "--healthz-bind-address": (
