@@ -44,7 +44,9 @@ For a new connection from a pod of this node to DEST, read this node's routing t
                --manifests; a destination outside them and
                lace.egress.nonMasqueradeCIDRs, not routed out of a pod interface:
                detectLocal.interfaceNamePrefix or routing a pod prefix on-link),
-               else the pod's own
+               else the pod's own. A connection to a Service that the proxy sends
+               to DEST is not egress: the egress SNAT leaves it, and the proxy
+               masquerades it or not as kube-proxy would (clusterCIDR, masqueradeAll)
   findings     no_route; dropped_by_route (a blackhole/unreachable/prohibit route);
                source_not_routable (outside lace.egress.routablePrefixes);
                next_hop_is_a_node (another cluster node forwards without re-sourcing;

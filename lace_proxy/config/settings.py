@@ -111,7 +111,8 @@ class LaceRoutingConfig:
 class LaceEgressConfig:
     """lace.egress: pod traffic leaving the cluster is source-NATed to the preferred source of
     the node's route to it (DESIGN.md §4). Pods are the sources in clusterCIDR or a Lace pod
-    network; destinations among them or in nonMasqueradeCIDRs are left alone. Turn it off
+    network; destinations among them or in nonMasqueradeCIDRs are left alone, and so is
+    service traffic (DNATed: the proxy's masquerade rules decide, as kube-proxy's). Turn it off
     where the CNI does it. `routablePrefixes` are the source addresses the far ends can route
     back to (only `lace-proxy doctor egress` reads them)."""
 

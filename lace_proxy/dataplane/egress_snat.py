@@ -5,6 +5,7 @@
     set no-snat-v4        destinations left alone: the pod CIDRs and nonMasqueradeCIDRs
     map route-sources-v4  destination range -> the preferred source of its route
     chain postrouting     nat, priority srcnat + 10:
+        ct status dnat return                   service traffic: the proxy's to masquerade
         oifname "cali*" return                  detectLocal.interfaceNamePrefix
         oifname { "cni0", "veth1a2b" } return   interfaces routing a pod prefix on-link
         ip saddr @pod-sources-v4 ip daddr != @no-snat-v4 snat ip to ip daddr map @route-sources-v4
@@ -13,24 +14,31 @@
 (and the same for IPv6). A destination whose route has no source address lacks an element:
 the map lookup fails, the `snat` rule does not apply, and `masquerade` lets the kernel pick
 the outgoing interface's address (a NAT statement ends the chain, so only misses get there).
-Service traffic that lace-proxy's own table masquerades (srcnat) is translated there first;
-a connection is translated once, so this table only sees the rest.
+Service traffic is not egress: a connection that was DNATed on this node (a pod's to a
+ClusterIP, an external or load-balancer IP, a NodePort, which the proxy sent to an endpoint)
+is left alone, whatever its endpoint. Whether it is masqueraded is the proxy's decision, as
+kube-proxy's nftables mode makes it (lace-proxy's own table, at srcnat: off-cluster sources,
+hairpin, masqueradeAll): a pod reaching a ClusterIP whose endpoint lies outside clusterCIDR
+(another node's address, a host beyond the uplink) keeps its source there, as under
+kube-proxy, while the same pod reaching that address directly is translated here. (IPVS
+mode translates in IPVS, which conntrack does not mark as a DNAT: there this table still
+translates such a connection.)
 
 Only traffic that leaves the node is translated: a packet whose output interface is a pod
-interface goes to a pod of this node (e.g. a ClusterIP's endpoint with an address outside
-every pod prefix, common with IPv6 and second networks), which must see the client pod, not
-the node. The destination sets cannot tell (such an address is in none of them); the output
-interface can, and matching it in postrouting follows what the kernel routed, policy rules
-included. Pod interfaces are those `pod_interface_prefix` names plus those the controller
-derives from the routing table, with no configuration and as soon as a new pod's route is
-there (`RoutingSnapshot.pod_interfaces`): interfaces with an on-link route inside a pod
-prefix (clusterCIDR, the Lace pod networks', the node's podCIDRs). Not any route into one:
+interface goes to a pod of this node (e.g. one with an address outside every pod prefix,
+common with IPv6 and second networks, reached by its address), which must see the client pod,
+not the node. The destination sets cannot tell (such an address is in none of them); the
+output interface can, and matching it in postrouting follows what the kernel routed, policy
+rules included. Pod interfaces are those `pod_interface_prefix` names plus those the
+controller derives from the routing table, with no configuration and as soon as a new pod's
+route is there (`RoutingSnapshot.pod_interfaces`): interfaces with an on-link route inside a
+pod prefix (clusterCIDR, the Lace pod networks', the node's podCIDRs). Not any route into one:
 other nodes' pods are routed through the uplink or a tunnel, via a gateway; and not an
 interface that also has a gateway route, an uplink that pods share on a flat network. With
 neither, no interface is a pod's and every pod packet to a destination outside the sets is
-translated, so a local pod outside the pod prefixes sees the node's address: translating too
-much keeps egress working, too little would send pod addresses out. Names reach the rules
-only if `nft_interface_name` accepts them.
+translated (service traffic aside), so a local pod outside the pod prefixes sees the node's
+address: translating too much keeps egress working, too little would send pod addresses out.
+Names reach the rules only if `nft_interface_name` accepts them.
 
 The table is small (one element per route): every change rewrites it whole in one atomic
 transaction. Established connections keep the source they were given (conntrack holds it);
@@ -113,6 +121,9 @@ class EgressSnat:
             "  chain postrouting {",
             "    type nat hook postrouting priority srcnat + 10; policy accept;",
         ]
+        # Service traffic (DNATed here): masqueraded or not by the proxy's rules, as
+        # kube-proxy's; never this table's.
+        lines.append("    ct status dnat return")
         # Out by a pod interface: to a pod of this node, which keeps seeing the pod's source.
         if self.settings.pod_interface_prefix:
             lines.append(f'    oifname "{self.settings.pod_interface_prefix}*" return')

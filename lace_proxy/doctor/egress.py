@@ -1,7 +1,8 @@
 """`doctor egress`: what will happen to one pod's traffic out of the cluster, and why it may
 fail (DESIGN.md §4), from one read of the node's routing table (`RoutingSnapshot`, as the
 egress SNAT reads it): the route the node selects, the source address the far end will see,
-and whether the return path can work."""
+and whether the return path can work. The pod's own connections to the destination: one to a
+Service that the proxy sends there is service traffic, which the egress SNAT leaves alone."""
 
 from __future__ import annotations
 

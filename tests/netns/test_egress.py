@@ -233,7 +233,8 @@ def ax_behind_a_cluster_ip(
     tb: EgressTestbed, folder: Path, controller: EgressController
 ) -> Iterator[Harness]:
     """The proxy on node-a serving a dual-stack ClusterIP whose endpoint is pod ax (a1's
-    connection to it is not masqueraded by the service table: a1 is in clusterCIDR)."""
+    connection to it is not masqueraded by the service table, a1 being in clusterCIDR, nor
+    by the egress table, which leaves service traffic to the proxy)."""
     proxy = Harness(
         tb,
         folder,
@@ -282,11 +283,12 @@ def test_pod_interfaces_follow_the_routes_and_the_nodes_pod_cidrs(
 ) -> None:
     """Without interfaceNamePrefix, an interface the node routes a pod prefix through on-link
     is a pod interface: known once the route is there (route events), or once the Node's
-    podCIDRs cover ax's addresses. Known neither way, ax's traffic is translated."""
+    podCIDRs cover ax's addresses. Known neither way, a1's own connections to ax are
+    translated; those through the ClusterIP never are (service traffic, the proxy's)."""
     controller = start(pod_cidrs=CLUSTER_CIDRS)
     node = tb.nodes["node-a"]
     untranslated = (A1[family], A1[family])
-    translated = (AX_GATEWAY[family], AX_GATEWAY[family])
+    translated = (A1[family], AX_GATEWAY[family])
     with ax_behind_a_cluster_ip(tb, tmp_path / "manifests", controller) as proxy:
         assert seen_by_ax(tb, family) == translated
         assert controller.pod_interfaces == ("va1", "va2", "vablue")

@@ -19,9 +19,13 @@ import yaml
 from lace_proxy.demo.sandbox import http_get, run_demo
 from lace_proxy.demo.testbed import (
     CLIENT4,
+    CLIENT6,
     POD_CIDR4,
+    POD_CIDR6,
     SERVICE_CIDR4,
     UPLINK_NODE4,
+    UPLINK_NODE6,
+    Host,
     Result,
     Testbed,
     request_tcp,
@@ -29,7 +33,7 @@ from lace_proxy.demo.testbed import (
 
 from ..conftest import MODES
 from ..lacekit import l3
-from .proxykit import NODE, VIP4, endpoints, names, service
+from .proxykit import NODE, VIP4, VIP6, endpoints, names, service
 from .runkit import RunProcess, lace_proxy, run_argv, wait_for, write
 
 pytestmark = pytest.mark.netns
@@ -202,6 +206,66 @@ def test_a_proxy_that_cannot_read_its_folder_says_so_on_healthz_then_converges(
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "cannot read manifests: [Errno 20] Not a directory" in err
+
+
+#: Behind the client (on its loopback), which the node reaches through it as a gateway.
+BEYOND = {4: "10.253.9.9", 6: "fd00:253:9::9"}
+UPLINK_NODE = {4: UPLINK_NODE4, 6: UPLINK_NODE6}
+
+
+@pytest.mark.parametrize("family", [4, 6])
+def test_a_pod_keeps_its_source_to_a_cluster_ip_whose_endpoint_is_outside_the_cluster_cidr(
+    make_testbed: Callable[..., Testbed], tmp_path: Path, family: int
+) -> None:
+    """Issue 31, 2, as operators run it: `lace-proxy run` from a KubeProxyConfiguration
+    (dual-stack clusterCIDR, detectLocalMode ClusterCIDR, egress SNAT on by default). A pod's
+    connection to a ClusterIP is service traffic, whose masquerade is kube-proxy's decision:
+    kube-proxy's nftables mode keeps the pod's source towards an endpoint outside clusterCIDR
+    (here the client on the uplink, and an address behind it), so the egress SNAT must leave
+    it too; the same pod reaching those addresses directly is egress, translated."""
+    tb = make_testbed(pods=1)
+    ip = "-4" if family == 4 else "-6"
+    tb.exec(tb.client, ["ip", ip, "addr", "add", BEYOND[family], "dev", "lo"])
+    via = CLIENT4 if family == 4 else CLIENT6
+    tb.exec(tb.node, ["ip", ip, "route", "add", BEYOND[family], "via", via])
+    beyond = Host("client", BEYOND[4], BEYOND[6], tb.client.ns)
+    folder = tmp_path / "manifests"
+    folder.mkdir()
+    (folder / "services.yaml").write_text(
+        yaml.safe_dump_all(
+            [
+                service("near", [VIP4, VIP6]),
+                endpoints("near", [tb.client]),
+                endpoints("near", [tb.client], v6=True),
+                service("beyond", ["10.96.0.20", "fd00:96::20"]),
+                endpoints("beyond", [beyond]),
+                endpoints("beyond", [beyond], v6=True),
+            ]
+        )
+    )
+    config = tmp_path / "proxy.yaml"
+    config.write_text(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+        f"mode: nftables\nclusterCIDR: {POD_CIDR4},{POD_CIDR6}\n"
+        "detectLocalMode: ClusterCIDR\nlace:\n  stateSocket: ''\n"
+    )
+    argv = ["--config", str(config), "--hostname-override", NODE, "--manifests", str(folder)]
+    proxy = RunProcess(lace_proxy(tb, "run", *argv), tmp_path / "proxy.log")
+    proxy.start()
+    try:
+        wait_for(lambda: "lace-proxy-egress" in tb.exec(tb.node, ["nft", "list", "tables"]).stdout)
+        pod = tb.pods[0]
+        own = pod.ipv4 if family == 4 else pod.ipv6
+        cluster_ips = {"near": (VIP4, VIP6), "beyond": ("10.96.0.20", "fd00:96::20")}
+        for name, address in (("near", via), ("beyond", BEYOND[family])):
+            result = request_tcp(pod, cluster_ips[name][family == 6], 80)
+            assert result.reply is not None and result.reply.name == "client", (name, result)
+            assert result.reply.peer == own, (name, result)  # as kube-proxy: not masqueraded
+            direct = request_tcp(pod, address, 8080)
+            assert direct.reply is not None, (name, direct)
+            assert direct.reply.peer == UPLINK_NODE[family], (name, direct)  # egress
+    finally:
+        proxy.stop()
 
 
 def inventory(tb: Testbed, what: str, *args: str) -> dict[str, Any]:
