@@ -9,6 +9,8 @@ on the recording fake with a period no test waits out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import uvloop
 
@@ -44,24 +46,34 @@ def test_no_period_no_wait() -> None:
         tokens.take(t)
 
 
+@contextlib.asynccontextmanager
+async def running(min_sync_period: float, sync_period: float = 30.0) -> AsyncIterator[Proxier]:
+    """A proxier's loop on the recording fake, its one service synced from the start."""
+    proxier = Proxier(
+        ServiceTable("node-a"),
+        NftablesBackend(NftablesSettings(), FakeNft()),
+        sources=["kube"],
+        min_sync_period=min_sync_period,
+        sync_period=sync_period,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.create_task(proxier.run(stop))
+    try:
+        proxier.service_upserted(svc("web", ips=("10.96.0.10",)))
+        proxier.slice_upserted(eps(ep("10.244.1.5")))
+        proxier.synced("kube")
+        yield proxier
+    finally:
+        stop.set()
+        await loop
+
+
 def test_a_change_right_after_a_sync_is_programmed_at_once() -> None:
     """minSyncPeriod 60 s: the change after the first sync is programmed without waiting for
     it (a single token would have held it 60 s); the one after that waits for its token."""
-    nft = FakeNft()
-    proxier = Proxier(
-        ServiceTable("node-a"),
-        NftablesBackend(NftablesSettings(), nft),
-        sources=["kube"],
-        min_sync_period=60.0,
-    )
 
     async def scenario() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.create_task(proxier.run(stop))
-        try:
-            proxier.service_upserted(svc("web", ips=("10.96.0.10",)))
-            proxier.slice_upserted(eps(ep("10.244.1.5")))
-            proxier.synced("kube")
+        async with running(min_sync_period=60.0) as proxier:
             await eventually(lambda: proxier.stats.syncs == 1)
             proxier.slice_upserted(eps(ep("10.244.1.6")))
             await eventually(lambda: proxier.stats.syncs == 2)
@@ -69,9 +81,6 @@ def test_a_change_right_after_a_sync_is_programmed_at_once() -> None:
             proxier.slice_upserted(eps(ep("10.244.1.7")))
             await asyncio.sleep(0.3)
             assert (proxier.stats.syncs, proxier.table.pending) == (2, 1)  # coalescing
-        finally:
-            stop.set()
-            await loop
 
     asyncio.run(scenario())
 
@@ -82,25 +91,11 @@ def test_the_periodic_full_sync_spends_one_token_under_uvloop() -> None:
     loop ran partial syncs with nothing to do until it was, spending both tokens, and the
     changes after it waited (bench_vs_kube_proxy at 1k: 0.7 s). A period just above whole
     milliseconds makes every wake early; each must be the full sync, nothing else."""
-    proxier = Proxier(
-        ServiceTable("node-a"),
-        NftablesBackend(NftablesSettings(), FakeNft()),
-        sources=["kube"],
-        min_sync_period=0.01,
-        sync_period=0.0504,
-    )
 
-    async def scenario() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.create_task(proxier.run(stop))
-        try:
-            proxier.service_upserted(svc("web", ips=("10.96.0.10",)))
-            proxier.slice_upserted(eps(ep("10.244.1.5")))
-            proxier.synced("kube")
+    async def scenario() -> Proxier:
+        async with running(min_sync_period=0.01, sync_period=0.0504) as proxier:
             await eventually(lambda: proxier.stats.full_syncs >= 6)
-        finally:
-            stop.set()
-            await loop
+        return proxier
 
-    uvloop.run(scenario())
+    proxier = uvloop.run(scenario())
     assert proxier.stats.syncs == proxier.stats.full_syncs, proxier.stats
