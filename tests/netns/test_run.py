@@ -253,7 +253,13 @@ def test_a_pod_keeps_its_source_to_a_cluster_ip_whose_endpoint_is_outside_the_cl
     proxy = RunProcess(lace_proxy(tb, "run", *argv), tmp_path / "proxy.log")
     proxy.start()
     try:
-        wait_for(lambda: "lace-proxy-egress" in tb.exec(tb.node, ["nft", "list", "tables"]).stdout)
+        # Both tables in place: the services' (its first sync) and the egress SNAT's.
+        wait_for(
+            lambda: (
+                "first sync programmed" in proxy.output()
+                and "lace-proxy-egress" in tb.exec(tb.node, ["nft", "list", "tables"]).stdout
+            )
+        )
         pod = tb.pods[0]
         own = pod.ipv4 if family == 4 else pod.ipv6
         cluster_ips = {"near": (VIP4, VIP6), "beyond": ("10.96.0.20", "fd00:96::20")}
