@@ -1141,6 +1141,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.source_worker:
         print(json.dumps(source_worker(*args.source_worker)))
         return 0
+    if args.logs:  # made now: a run must not end in a folder that cannot be written
+        Path(args.logs).mkdir(parents=True, exist_ok=True)
     bins = binaries()
     problem = unfit(bins)
     if problem:

@@ -120,10 +120,10 @@ class EgressSnat:
         lines += [
             "  chain postrouting {",
             "    type nat hook postrouting priority srcnat + 10; policy accept;",
+            # Service traffic (DNATed here): masqueraded or not by the proxy's rules, as
+            # kube-proxy's; never this table's.
+            "    ct status dnat return",
         ]
-        # Service traffic (DNATed here): masqueraded or not by the proxy's rules, as
-        # kube-proxy's; never this table's.
-        lines.append("    ct status dnat return")
         # Out by a pod interface: to a pod of this node, which keeps seeing the pod's source.
         if self.settings.pod_interface_prefix:
             lines.append(f'    oifname "{self.settings.pod_interface_prefix}*" return')
