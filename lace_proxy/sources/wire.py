@@ -14,13 +14,12 @@ objects both ways and compares.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Generic, TypedDict, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, TypedDict
 
 import msgspec
 
 Decode = Callable[[bytes], Any]
-Item = TypeVar("Item")
 
 
 class _Metadata(TypedDict, total=False):
@@ -52,11 +51,12 @@ class _EndpointSlice(TypedDict, total=False):
     ports: Any
 
 
-class _List(TypedDict, Generic[Item], total=False):
-    """A list response: its metadata (resourceVersion, continue) whole, its items shaped."""
+class _List(TypedDict, total=False):
+    """A list response: its metadata (resourceVersion, continue) whole, each item left
+    encoded (a `Raw` is a span of the response, not a copy), to be decoded when reached."""
 
     metadata: Any
-    items: list[Item]
+    items: list[msgspec.Raw]
 
 
 class _Event(TypedDict, total=False):
@@ -67,6 +67,7 @@ class _Event(TypedDict, total=False):
 #: Any JSON document, whole (msgspec: about twice as fast as `json.loads`).
 decode: Decode = msgspec.json.Decoder().decode
 _EVENT: msgspec.json.Decoder[_Event] = msgspec.json.Decoder(_Event)
+_LIST: msgspec.json.Decoder[_List] = msgspec.json.Decoder(_List)
 
 
 def _shaped(shape: Any) -> Decode:
@@ -87,7 +88,17 @@ class Decoders:
     def __init__(self, item: Any = None) -> None:
         """`item`: the shape of one object (None: decoded whole); a list's is derived."""
         self.object: Decode = decode if item is None else _shaped(item)
-        self.list: Decode = decode if item is None else _shaped(_List[item])
+
+    def list(self, data: bytes) -> tuple[Any, Iterator[Any]]:
+        """A list response's metadata and its items, each decoded only when the iterator
+        reaches it: the first list of 30k objects arrives whole, and is held as its bytes
+        rather than as 30k decoded objects at once (~170 MiB more at the peak)."""
+        try:
+            body = _LIST.decode(data)
+        except msgspec.ValidationError:  # items that are not a list: the parser says why
+            body = decode(data)
+            return body.get("metadata") or {}, iter(body.get("items") or [])
+        return body.get("metadata") or {}, map(self.object, body.get("items") or [])
 
     def event(self, line: bytes) -> Any:
         """A watch event; its object by the resource's shape, except an ERROR's Status."""

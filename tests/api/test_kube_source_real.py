@@ -276,46 +276,101 @@ def test_a_quiet_watch_gets_nothing_not_even_bookmarks(
     assert 2 * defaults.watch_timeout + 2 < defaults.read_timeout
 
 
-# --- paged lists ---------------------------------------------------------------------------------
+# --- the first list, paged lists ---------------------------------------------------------------
 
 
-def test_the_initial_lists_are_paged(
-    control_plane: ControlPlane, admin: Rest, namespace: str
+@pytest.fixture(scope="module")
+def uncached_plane(control_plane: ControlPlane) -> Iterator[ControlPlane]:
+    """A control plane without a watch cache (--watch-cache=false): lists and watches go to
+    etcd, which pages every list, compacts versions away and answers 410 Gone."""
+    with ControlPlane(bins=control_plane.bins, apiserver_args=["--watch-cache=false"]) as plane:
+        yield plane
+
+
+@pytest.fixture
+def uncached_admin(uncached_plane: ControlPlane) -> Iterator[Rest]:
+    admin = Rest(uncached_plane.admin_client())
+    yield admin
+    admin.api.close()
+
+
+def _lists_of_services(proxy: FaultProxy) -> list[dict[str, str]]:
+    """The queries of every Services LIST the proxy forwarded, in order."""
+    return [
+        r.query
+        for r in proxy.requests()
+        if r.path == "/api/v1/services" and r.query.get("watch") != "true"
+    ]
+
+
+def test_the_first_list_is_served_whole_by_the_watch_cache(
+    fault_proxy: FaultProxy, control_plane: ControlPlane, admin: Rest, namespace: str
 ) -> None:
-    """A list arrives in pages of Timing.page_size (limit/continue): the server counts one LIST
-    per page, and the objects of every page are delivered once the last one is in."""
+    """As client-go's reflector, the first list asks for resourceVersion=0: kube-apiserver's
+    watch cache answers it in one response (it ignores the limit there), without etcd, and
+    every object is delivered."""
     names = [f"s{i}" for i in range(7)]
     for name in names:
         admin.create(service(name, namespace))
-    status, body = admin.call("GET", "/api/v1/services", query={"labelSelector": PROXY_SELECTOR})
+    before = served(control_plane, verb="LIST", resource="services")
+
+    async def scenario(r: Running) -> None:
+        await eventually(r.synced)
+        assert r.reflector("services").pages == 1
+        assert sorted(r.take()) == [("service+", f"{namespace}/{n}") for n in names]
+
+    run(
+        fault_proxy.kubeconfig, scenario, mine=(f"{namespace}/",), timing=replace(REAL, page_size=3)
+    )
+    [query] = _lists_of_services(fault_proxy)
+    assert (query["resourceVersion"], query["limit"]) == ("0", "3")
+    assert served(control_plane, verb="LIST", resource="services") - before == 1
+
+
+def test_without_a_watch_cache_the_first_list_is_paged(
+    uncached_plane: ControlPlane, uncached_admin: Rest, tmp_path: Path
+) -> None:
+    """Where etcd serves the list, it arrives in pages of Timing.page_size (limit/continue):
+    the server counts one LIST per page, a continued page names no version (the server
+    refuses one beside a token), and the objects are delivered once the last page is in."""
+    ns = unique("pages")
+    uncached_admin.call("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
+    names = [f"s{i}" for i in range(7)]
+    for name in names:
+        uncached_admin.create(service(name, ns))
+    status, body = uncached_admin.call(
+        "GET", "/api/v1/services", query={"labelSelector": PROXY_SELECTOR}
+    )
     assert status == 200
     total = len(body["items"])
-    before = served(control_plane, verb="LIST", resource="services")
+    before = served(uncached_plane, verb="LIST", resource="services")
 
     async def scenario(r: Running) -> None:
         await eventually(r.synced)
         services = r.reflector("services")
         assert services.pages == math.ceil(total / 3) >= 3
-        assert served(control_plane, verb="LIST", resource="services") - before == services.pages
-        assert sorted(r.take()) == [("service+", f"{namespace}/{n}") for n in names]
+        assert served(uncached_plane, verb="LIST", resource="services") - before == services.pages
+        assert sorted(r.take()) == [("service+", f"{ns}/{n}") for n in names]
 
-    run(
-        control_plane.admin_kubeconfig,
-        scenario,
-        mine=(f"{namespace}/",),
-        timing=replace(REAL, page_size=3),
-    )
+    with FaultProxy(uncached_plane, tmp_path) as proxy:
+        run(proxy.kubeconfig, scenario, mine=(f"{ns}/",), timing=replace(REAL, page_size=3))
+        first, *rest = _lists_of_services(proxy)
+    assert first["resourceVersion"] == "0" and "continue" not in first
+    assert rest and all("continue" in q and "resourceVersion" not in q for q in rest)
 
 
 class CompactingAfterFirstPage(Reflector):
     """A reflector whose first list is interrupted after its first page: a write, then etcd
-    compacted past the page's snapshot, so the continue token names a compacted revision."""
+    compacted past the page's snapshot, so the continue token names a compacted revision.
+    It keeps the query of every request it makes."""
 
     plane: ControlPlane
     admin: Rest
     namespace: str
+    queries: list[dict[str, str]]
 
     async def _get(self, query: dict[str, str]) -> Any:
+        self.queries.append(dict(query))
         response = await super()._get(query)
         if "limit" in query and "continue" not in query and not self.relists:
             await response.read()  # the page's body, then the writes
@@ -324,46 +379,51 @@ class CompactingAfterFirstPage(Reflector):
         return response
 
 
-def test_an_expired_continue_token_relists_from_the_start(tmp_path: Path) -> None:
+def test_an_expired_continue_token_relists_from_the_start(
+    uncached_plane: ControlPlane, uncached_admin: Rest
+) -> None:
     """With the watch cache off (lists are paged by etcd), a continue token whose revision etcd
     compacted meanwhile is refused with 410 Gone: the reflector relists from the first page,
-    at the new revision, and delivers each object once (nothing of the broken list)."""
-    with ControlPlane(apiserver_args=["--watch-cache=false"]) as plane:
-        admin = Rest(plane.admin_client())
-        ns = unique("pages")
-        admin.call("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
-        names = [f"p{i}" for i in range(5)]
-        for name in names:
-            admin.create(service(name, ns))
-        recorder, synced = Recorder(), asyncio.Event()
-        [resource] = [r for r in resources("no-such-node") if r.name == "services"]
+    consistently (no resourceVersion=0: that may be older than what the server just refused),
+    and delivers each object once (nothing of the broken list)."""
+    plane, admin = uncached_plane, uncached_admin
+    ns = unique("pages")
+    admin.call("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
+    names = [f"p{i}" for i in range(5)]
+    for name in names:
+        admin.create(service(name, ns))
+    recorder, synced = Recorder(), asyncio.Event()
+    [resource] = [r for r in resources("no-such-node") if r.name == "services"]
+    refused = served(plane, verb="LIST", resource="services", code="410")
 
-        async def main() -> CompactingAfterFirstPage:
-            connection = ApiConnection(kubeconfig=str(plane.admin_kubeconfig))
-            async with ApiClient(await connection.configuration()) as api:
-                reflector = CompactingAfterFirstPage(
-                    resource, api, recorder, Rejections(), replace(REAL, page_size=2), synced.set
-                )
-                reflector.plane, reflector.admin, reflector.namespace = plane, admin, ns
-                task = asyncio.create_task(reflector.run())
-                try:
-                    async with asyncio.timeout(20):
-                        await synced.wait()
-                finally:
-                    task.cancel()
-                    await asyncio.gather(task, return_exceptions=True)
-                return reflector
+    async def main() -> CompactingAfterFirstPage:
+        connection = ApiConnection(kubeconfig=str(plane.admin_kubeconfig))
+        async with ApiClient(await connection.configuration()) as api:
+            reflector = CompactingAfterFirstPage(
+                resource, api, recorder, Rejections(), replace(REAL, page_size=2), synced.set
+            )
+            reflector.plane, reflector.admin, reflector.namespace = plane, admin, ns
+            reflector.queries = []
+            task = asyncio.create_task(reflector.run())
+            try:
+                async with asyncio.timeout(20):
+                    await synced.wait()
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            return reflector
 
-        try:
-            reflector = asyncio.run(main())
-        finally:
-            admin.api.close()
-        assert reflector.relists == 1
-        assert served(plane, verb="LIST", resource="services", code="410") == 1
-        ours = sorted(
-            e for e in recorder.events if e[1].startswith(f"{ns}/") and e[1] != f"{ns}/kubernetes"
-        )
-        assert ours == sorted(("service+", f"{ns}/{n}") for n in [*names, "late"])
+    reflector = asyncio.run(main())
+    assert reflector.relists == 1
+    assert served(plane, verb="LIST", resource="services", code="410") - refused == 1
+    first, expired, relisted = reflector.queries[:3]
+    assert first["resourceVersion"] == "0" and "continue" not in first
+    assert "continue" in expired and "resourceVersion" not in expired
+    assert "continue" not in relisted and "resourceVersion" not in relisted
+    ours = sorted(
+        e for e in recorder.events if e[1].startswith(f"{ns}/") and e[1] != f"{ns}/kubernetes"
+    )
+    assert ours == sorted(("service+", f"{ns}/{n}") for n in [*names, "late"])
 
 
 # --- dropped connections, compaction, restarts, outages -----------------------------------------
@@ -458,39 +518,39 @@ def test_compaction_does_not_expire_what_the_watch_cache_still_holds(
 
 
 def test_410_gone_after_compaction_relists_and_delivers_only_the_difference(
-    control_plane: ControlPlane, cuts: Callable[[ControlPlane], Cut], tmp_path: Path
+    uncached_plane: ControlPlane,
+    uncached_admin: Rest,
+    cuts: Callable[[ControlPlane], Cut],
+    tmp_path: Path,
 ) -> None:
     """With the watch cache off (--watch-cache=false, watches go to etcd), compacting etcd past
     the source's version while it is cut off gives a real 410 Gone: the source relists and
     delivers only the difference, no flush."""
-    with ControlPlane(bins=control_plane.bins, apiserver_args=["--watch-cache=false"]) as plane:
-        admin = Rest(plane.admin_client())
-        ns = "default"
-        cut = cuts(plane)
-        _three_services(admin, ns)
+    plane, admin = uncached_plane, uncached_admin
+    ns = unique("gone")
+    admin.call("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
+    cut = cuts(plane)
+    _three_services(admin, ns)
 
-        async def scenario(r: Running) -> None:
-            await eventually(r.synced)
-            r.take()
-            services = r.reflector("services")
-            before = served(plane, verb="LIST", resource="services")
-            await _cut_off(r, cut)
-            _change_three_services(admin, ns)
-            compact_etcd(plane)
-            cut.heal()
-            admin.create(service("marker", ns))
-            await eventually(lambda: ("service+", f"{ns}/marker") in r.seen())
-            # The relist's diff and the marker may come in one delivery: compare as sets.
-            expected = [*_the_difference(ns), ("service+", f"{ns}/marker")]
-            assert sorted(r.take()) == sorted(expected)
-            assert services.relists == 1
-            assert served(plane, verb="LIST", resource="services") == before + 1
-            assert r.recorder.objects[f"{ns}/changed"].ports[0].port == 90
+    async def scenario(r: Running) -> None:
+        await eventually(r.synced)
+        r.take()
+        services = r.reflector("services")
+        before = served(plane, verb="LIST", resource="services")
+        await _cut_off(r, cut)
+        _change_three_services(admin, ns)
+        compact_etcd(plane)
+        cut.heal()
+        admin.create(service("marker", ns))
+        await eventually(lambda: ("service+", f"{ns}/marker") in r.seen())
+        # The relist's diff and the marker may come in one delivery: compare as sets.
+        expected = [*_the_difference(ns), ("service+", f"{ns}/marker")]
+        assert sorted(r.take()) == sorted(expected)
+        assert services.relists == 1
+        assert served(plane, verb="LIST", resource="services") == before + 1
+        assert r.recorder.objects[f"{ns}/changed"].ports[0].port == 90
 
-        try:
-            run(cut.kubeconfig(tmp_path / "cut.kubeconfig"), scenario, mine=(f"{ns}/",))
-        finally:
-            admin.api.close()
+    run(cut.kubeconfig(tmp_path / "cut.kubeconfig"), scenario, mine=(f"{ns}/",))
 
 
 def test_an_apiserver_restart_expires_the_watches_and_the_relist_delivers_only_the_difference(
@@ -995,13 +1055,14 @@ def test_a_resource_the_source_may_not_list_is_named_with_the_apis_answer(
 
 
 def test_a_list_under_way_says_how_far_it_has_come(
-    fault_proxy: FaultProxy, admin: Rest, namespace: str
+    uncached_plane: ControlPlane, uncached_admin: Rest, tmp_path: Path
 ) -> None:
-    """Pages of 2, each 0.2 s late: while the Services are listed, the source says how many
-    pages and objects it has read (a 30k list is 60 pages of 500)."""
+    """Pages of 2 from etcd, each 0.2 s late: while the Services are listed, the source says
+    how many pages and objects it has read (a relist at 30k is 60 pages of 500)."""
+    namespace = unique("progress")
+    uncached_admin.call("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
     for i in range(12):
-        admin.create(service(f"s{i}", namespace))
-    fault_proxy.latency(0.2)
+        uncached_admin.create(service(f"s{i}", namespace))
     progress = re.compile(r"services \(listing, ([0-9]+) pages of 2 \(([0-9,]+) objects\) so far\)")
     seen: list[tuple[int, int]] = []
 
@@ -1015,6 +1076,8 @@ def test_a_list_under_way_says_how_far_it_has_come(
         assert r.source.waiting() == []
 
     timing = replace(REAL, page_size=2, read_timeout=20.0)
-    run(fault_proxy.kubeconfig, scenario, mine=(f"{namespace}/",), timing=timing)
+    with FaultProxy(uncached_plane, tmp_path) as proxy:
+        proxy.latency(0.2)
+        run(proxy.kubeconfig, scenario, mine=(f"{namespace}/",), timing=timing)
     assert len({pages for pages, _ in seen}) >= 3, seen  # it moved on, page by page
     assert all(objects == 2 * pages for pages, objects in seen), seen

@@ -110,9 +110,10 @@ def test_the_shapes_keep_every_field_a_parser_reads(base: Any, decoders: Any, pa
     whole = outcome(parse, json.loads(data))
     assert not isinstance(whole, tuple), whole  # a model: the rich object is valid
     assert outcome(parse, item) == whole
-    listing = decoders.list(json.dumps({"metadata": {"continue": "c"}, "items": [base]}).encode())
-    assert listing["metadata"] == {"continue": "c"}
-    assert outcome(parse, listing["items"][0]) == whole
+    listing = json.dumps({"metadata": {"continue": "c"}, "items": [base]}).encode()
+    meta, items = decoders.list(listing)
+    assert meta == {"continue": "c"}
+    assert [outcome(parse, item) for item in items] == [whole]
 
 
 @pytest.mark.parametrize(("base", "decoders", "parse"), KINDS, ids=["service", "slice"])
@@ -134,3 +135,14 @@ def test_an_error_event_keeps_its_status() -> None:
 def test_an_event_of_another_shape_is_decoded_whole() -> None:
     assert SERVICES.event(b'["not", "an", "event"]') == ["not", "an", "event"]
     assert SERVICES.event(b'{"type": "BOOKMARK"}') == {"type": "BOOKMARK"}
+
+
+def test_a_lists_items_are_decoded_one_by_one_each_by_its_own_shape() -> None:
+    """An item of another shape is decoded whole (its parser names what is wrong) without
+    costing the others their shape."""
+    odd = {"metadata": "not an object"}
+    data = json.dumps({"metadata": {"resourceVersion": "7"}, "items": [SERVICE, odd]}).encode()
+    meta, items = SERVICES.list(data)
+    good, bad = list(items)
+    assert meta == {"resourceVersion": "7"}
+    assert "managedFields" not in good["metadata"] and bad == odd
