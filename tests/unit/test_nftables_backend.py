@@ -244,6 +244,20 @@ def test_a_refused_transaction_makes_the_next_sync_a_verified_full_one() -> None
     assert backend.read_back() == node.kernel()
 
 
+def test_a_count_first_needed_while_no_proxy_ran_is_made_and_filled_by_the_restart() -> None:
+    """17 endpoints, more than any count made before: a restarted process declares the
+    count's set and maps and fills them (they were declared and left empty, so the service
+    was in no count set and unreachable until a later verified sync)."""
+    first = Node()
+    first.put(*web("10.244.1.10"))
+    first.sync(full=True)
+    first.put(*web(*[f"10.244.2.{i}" for i in range(1, 18)]))
+    second = first.restarted()
+    sent = second.sync(full=True)
+    assert f"add element {T} endpoints-count-17-v4 {{ {VIP} . tcp . 80 }}" in sent
+    assert second.kernel() == fresh_kernel(second)
+
+
 def test_a_count_past_the_precreated_ones_is_made_by_the_change() -> None:
     node = Node()
     node.put(*web("10.244.1.10"))

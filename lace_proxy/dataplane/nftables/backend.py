@@ -235,10 +235,12 @@ class NftablesBackend:
                         wanted.update((c, merged.elements[c]) for c in merged.elements)
                 adoption = None
             kind = kernel.containers.get(container)
-            if _dynamic(container) or kind is None:
+            if _dynamic(container) or (kind is None and container not in merged.sets):
                 continue
-            # One map at a time, dropped once compared: at 30k services they hold ~1M.
-            have = kernel.elements.pop(container, None)
+            # One map at a time, dropped once compared: at 30k services they hold ~1M. One
+            # the kernel lacks (a count first needed now) is declared by this sync
+            # (_reconcile), then filled here.
+            have = kernel.elements.pop(container, None) if kind is not None else set()
             if have is None:
                 listing = kernel.listing
                 have = set() if listing is None else set(listing.elements(container))
