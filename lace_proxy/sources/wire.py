@@ -86,7 +86,7 @@ class Decoders:
     """How one resource's list responses and watch events are decoded."""
 
     def __init__(self, item: Any = None) -> None:
-        """`item`: the shape of one object (None: decoded whole); a list's is derived."""
+        """`item`: the shape of one object (None: decoded whole), a list's items' too."""
         self.object: Decode = decode if item is None else _shaped(item)
 
     def list(self, data: bytes) -> tuple[Any, Iterator[Any]]:
@@ -95,10 +95,11 @@ class Decoders:
         rather than as 30k decoded objects at once (~170 MiB more at the peak)."""
         try:
             body = _LIST.decode(data)
+            items: Iterator[Any] = map(self.object, body.get("items") or [])
         except msgspec.ValidationError:  # items that are not a list: the parser says why
             body = decode(data)
-            return body.get("metadata") or {}, iter(body.get("items") or [])
-        return body.get("metadata") or {}, map(self.object, body.get("items") or [])
+            items = iter(body.get("items") or [])
+        return body.get("metadata") or {}, items
 
     def event(self, line: bytes) -> Any:
         """A watch event; its object by the resource's shape, except an ERROR's Status."""
