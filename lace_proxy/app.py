@@ -84,7 +84,7 @@ def dataplane(cfg: ProxyConfig, metrics: ProxyMetrics | None = None) -> Dataplan
 
 
 def ipvs_settings(cfg: ProxyConfig) -> IpvsSettings:
-    """The IPVS backend's view of the configuration (ipvs.*)."""
+    """The IPVS backend's view of the configuration (ipvs.*, lace.ipvs)."""
     c = cfg.ipvs
     return IpvsSettings(
         scheduler=c.scheduler,
@@ -93,6 +93,7 @@ def ipvs_settings(cfg: ProxyConfig) -> IpvsSettings:
         tcp_timeout=round(c.tcp_timeout),
         tcp_fin_timeout=round(c.tcp_fin_timeout),
         udp_timeout=round(c.udp_timeout),
+        local_routes=cfg.lace.ipvs.service_addresses == "localRoutes",
     )
 
 

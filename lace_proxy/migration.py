@@ -20,12 +20,14 @@ import re
 import shlex
 import shutil
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from pyroute2 import IPRoute, IPSet
+from pyroute2 import IPSet
 from pyroute2.netlink.exceptions import NetlinkError
 
 from lace_proxy.dataplane.ipvs import IpvsBackend, IpvsSettings
+from lace_proxy.dataplane.ipvs.addresses import AddressChannel
+from lace_proxy.dataplane.ipvs.model import ROUTE_PROTOCOL
 from lace_proxy.dataplane.nft import Nft
 from lace_proxy.dataplane.nftables.backend import NftablesBackend
 from lace_proxy.dataplane.nftables.settings import NftablesSettings
@@ -195,16 +197,18 @@ def _ipsets(report: Report) -> None:
 
 def _ipvs(report: Report) -> None:
     """Virtual services on kube-ipvs0's addresses and kube-proxy's NodePorts on the node's
-    addresses, then kube-ipvs0. With lace-proxy's IPVS mode in place, the NodePorts on node
-    addresses are left to it: it owns that range too, and its next full sync rewrites them."""
-    with IPRoute() as ipr:
-        if not ipr.link_lookup(ifname=KUBE_IPVS_INTERFACE):
+    addresses, then kube-ipvs0. With lace-proxy's IPVS mode in place (lace-ipvs0, or its
+    local routes), the NodePorts on node addresses are left to it: it owns that range too,
+    and its next full sync rewrites them. lace-proxy's local routes are never kube-proxy's."""
+    with AddressChannel() as channel:
+        links = {link.name for link in channel.links()}
+        if KUBE_IPVS_INTERFACE not in links:
             report.skipped.append(f"{KUBE_IPVS_INTERFACE}: not present")
             return
-        lace_ipvs = bool(ipr.link_lookup(ifname=IpvsSettings().interface))
-    settings = IpvsSettings(interface=KUBE_IPVS_INTERFACE)
+        lace_ipvs = IpvsSettings().interface in links or bool(channel.local_routes(ROUTE_PROTOCOL))
+    settings = IpvsSettings(interface=KUBE_IPVS_INTERFACE, route_protocol=None)
     if lace_ipvs:
-        settings = IpvsSettings(interface=KUBE_IPVS_INTERFACE, node_port_range=(1, 0))
+        settings = replace(settings, node_port_range=(1, 0))
     backend = IpvsBackend(settings, NftablesBackend(NftablesSettings(translate=False), Nft()))
     try:
         count = backend.remove_ipvs()

@@ -8,6 +8,8 @@ from types import ModuleType
 
 import pytest
 
+from lace_proxy.config import SERVICE_ADDRESSES
+
 from .kubekit import admin, control_plane, cuts, fault_proxy, namespace, real_kube
 
 __all__ = ["admin", "control_plane", "cuts", "fault_proxy", "namespace", "real_kube"]  # fixtures
@@ -32,6 +34,11 @@ def twin(request: pytest.FixtureRequest) -> ModuleType:
 IN_VM = os.environ.get("LACE_PROXY_IN_VM") == "1"
 #: The proxy's modes, for tests that hold in both; ipvs runs only inside the VM.
 MODES = ["nftables", pytest.param("ipvs", marks=pytest.mark.ipvs)]
+#: How the ipvs tests' IPVS mode makes service addresses local (lace.ipvs.serviceAddresses):
+#: tests/vm/test_vm.py runs them once with each setting, passing it into the VM.
+IPVS_ADDRESSES = os.environ.get("LACE_PROXY_IPVS_ADDRESSES", "interface")
+if IPVS_ADDRESSES not in SERVICE_ADDRESSES:
+    raise ValueError(f"LACE_PROXY_IPVS_ADDRESSES={IPVS_ADDRESSES}: not one of {SERVICE_ADDRESSES}")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

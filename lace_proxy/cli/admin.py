@@ -25,9 +25,10 @@ def register(commands: Commands) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="""\
 Remove what lace-proxy made on this node: its nftables tables (services, egress
-SNAT), its IPVS virtual services and lace-ipvs0 interface, and its policy rules and
-routes (lace.routing.*). Run it after stopping the proxy; with --config, the names
-in that file are the ones removed.
+SNAT), its IPVS virtual services, the lace-ipvs0 interface and its local routes of
+service addresses (protocol 145, whichever lace.ipvs.serviceAddresses made them),
+and its policy rules and routes (lace.routing.*). Run it after stopping the proxy;
+with --config, the names in that file are the ones removed.
 
 With --kube-proxy, remove kube-proxy's leftovers instead (stop kube-proxy first):
 the jumps into its KUBE-* iptables chains and those chains (iptables-nft and
@@ -113,7 +114,10 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     ipvs = IpvsBackend(ipvs_settings(cfg), untranslated)
     try:
         count = ipvs.remove_ipvs()
-        print(f"IPVS virtual services and interface {ipvs.settings.interface}: {count} removed")
+        print(
+            f"IPVS virtual services, interface {ipvs.settings.interface} and local routes "
+            f"(proto {ipvs.settings.route_protocol}): {count} virtual services removed"
+        )
     except Exception as exc:  # no ip_vs module: nothing of ours can be there
         print(f"IPVS: not available here ({exc})")
     egress = EgressSnat(egress_settings(cfg), Nft())

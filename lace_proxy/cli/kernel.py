@@ -41,8 +41,9 @@ the table explains, then its difference from the table (computed from --manifest
 backend reads from the kernel):
 
   missing     a virtual service the table wants that IPVS does not hold
-  unexpected  one of lace-proxy's (on its dummy interface's addresses, or a NodePort
-              on a node address) that the table does not want
+  unexpected  one of lace-proxy's (on its service addresses: lace-ipvs0's or its
+              local routes', or a NodePort on a node address) that the table does
+              not want
   different   scheduler, persistence, or real servers: missing, unexpected (serving
               but not in the table), or in the table but at weight 0
   draining    a removed real server at weight 0 until its connections end: listed,

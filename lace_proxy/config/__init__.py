@@ -39,6 +39,7 @@ from lace_proxy.config.schema import (
     MODES,
     NFTABLES_FAMILIES,
     NODE_PORT_PRIMARY,
+    SERVICE_ADDRESSES,
     IPNetwork,
 )
 from lace_proxy.config.settings import (
@@ -53,6 +54,7 @@ from lace_proxy.config.settings import (
     IPVSConfig,
     LaceConfig,
     LaceEgressConfig,
+    LaceIPVSConfig,
     LaceNFTablesConfig,
     LaceRoutingConfig,
     NFTablesConfig,
@@ -68,6 +70,7 @@ __all__ = [
     "MODES",
     "NFTABLES_FAMILIES",
     "NODE_PORT_PRIMARY",
+    "SERVICE_ADDRESSES",
     "UPSTREAM_API_VERSION",
     "ClientConnectionConfig",
     "ConfigError",
@@ -78,6 +81,7 @@ __all__ = [
     "IPVSConfig",
     "LaceConfig",
     "LaceEgressConfig",
+    "LaceIPVSConfig",
     "LaceNFTablesConfig",
     "LaceRoutingConfig",
     "NFTablesConfig",

@@ -27,6 +27,7 @@ from lace_proxy.config.settings import (
     IPVSConfig,
     LaceConfig,
     LaceEgressConfig,
+    LaceIPVSConfig,
     LaceNFTablesConfig,
     LaceRoutingConfig,
     NFTablesConfig,
@@ -158,6 +159,7 @@ def load_config(path: str | None, overrides: Mapping[str, object] | None = None)
         "lace": LaceConfig(
             nftables=_section(LaceNFTablesConfig, lace.pop("nftables", {})),
             routing=_section(LaceRoutingConfig, lace.pop("routing", {})),
+            ipvs=_section(LaceIPVSConfig, lace.pop("ipvs", {})),
             egress=_section(LaceEgressConfig, lace.pop("egress", {})),
             bgp=_bgp_section(lace.pop("bgp", {})),
             **{snake(key): value for key, value in lace.items()},

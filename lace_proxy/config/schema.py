@@ -25,6 +25,8 @@ DETECT_LOCAL_MODES = ("ClusterCIDR", "NodeCIDR", "InterfaceNamePrefix", "BridgeI
 #: The nodePortAddresses value that means "only the Node object's primary IPs" (kube-proxy 1.29+).
 NODE_PORT_PRIMARY: Final = "primary"
 NFTABLES_FAMILIES = ("inet", "ip", "ip6")
+#: lace.ipvs.serviceAddresses: the dummy interface's addresses, or local routes.
+SERVICE_ADDRESSES = ("interface", "localRoutes")
 
 # Fields of kube-proxy's v1alpha1 KubeProxyConfiguration that mean nothing to lace-proxy. They
 # are accepted (so a kube-proxy ConfigMap loads as is) and reported in one warning: the API
@@ -483,6 +485,9 @@ SCHEMA: Schema = {
         "routing": {
             "table": _Field(_routing_table),
             "priority": _Field(_integer(1, 32765)),
+        },
+        "ipvs": {
+            "serviceAddresses": _Field(_choice(SERVICE_ADDRESSES)),
         },
         "egress": {
             "enabled": _Field(_boolean),

@@ -108,6 +108,19 @@ class LaceRoutingConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LaceIPVSConfig:
+    """lace.ipvs: how IPVS mode makes the node accept service addresses (IPVS takes packets
+    to local addresses). `interface` (the default, as kube-proxy's kube-ipvs0): each is an
+    address of the dummy interface lace-ipvs0. `localRoutes`: each is a `local` route in the
+    local routing table (on lo, scope host, protocol 145: `ip route show table local proto
+    145`), which the kernel adds and deletes at a cost that does not grow with their number,
+    where an interface's addresses cost the square of it. Switching between restarts moves
+    every address over and removes the other way's."""
+
+    service_addresses: str = "interface"
+
+
+@dataclass(frozen=True, slots=True)
 class LaceEgressConfig:
     """lace.egress: pod traffic leaving the cluster is source-NATed to the preferred source of
     the node's route to it (DESIGN.md §4). Pods are the sources in clusterCIDR or a Lace pod
@@ -130,6 +143,7 @@ class LaceConfig:
     nftables: LaceNFTablesConfig = field(default_factory=LaceNFTablesConfig)
     service_cidrs: tuple[IPNetwork, ...] = ()
     routing: LaceRoutingConfig = field(default_factory=LaceRoutingConfig)
+    ipvs: LaceIPVSConfig = field(default_factory=LaceIPVSConfig)
     egress: LaceEgressConfig = field(default_factory=LaceEgressConfig)
     # Where the running proxy answers `lace-proxy services`/`endpoints` (read-only, root
     # only); "" serves nothing.

@@ -2,13 +2,16 @@
 (NETLINK_GET_STRICT_CHK): routes by table, addresses by interface.
 
 IPVS mode puts every service address on its dummy interface, 10k and more, each with a route
-in the local table. pyroute2 reads a dump whole and filters it in Python: with 10k such
-addresses, one address dump took 0.85 s on the CI machine and a dump of one table's routes
-0.6-0.7 s (the local table's 10k routes parsed to be thrown away). The policy routes paid
-that at every periodic sync, the egress SNAT at every burst of route events (each address
-the dummy gains is one). Here the kernel leaves out what is not asked for, an address is
-parsed by its fixed layout (10k in 0.04 s) and the few routes left are decoded by pyroute2's
-own message class. pyroute2 still makes every change.
+in the local table (or, with lace.ipvs.serviceAddresses localRoutes, only that route).
+pyroute2 reads a dump whole and filters it in Python: with 10k such addresses, one address
+dump took 0.85 s on the CI machine and a dump of one table's routes 0.6-0.7 s (the local
+table's 10k routes parsed to be thrown away). The policy routes paid that at every periodic
+sync, the egress SNAT at every burst of route events (each address the dummy gains is one).
+Here the kernel leaves out what is not asked for, an address is parsed by its fixed layout
+(10k in 0.04 s) and the few routes left are decoded by pyroute2's own message class; the
+local routes of service addresses, which are many, are read by their fixed layout too
+(`local_routes`). pyroute2 makes every change but the service addresses' (ipvs/addresses.py
+packs those, addresses and routes, in batches).
 """
 
 from __future__ import annotations
@@ -43,7 +46,10 @@ IFA_ADDRESS = 1
 IFA_LOCAL = 2
 IFLA_IFNAME = 3
 IFLA_MTU = 4
+RTA_DST = 1
 RTA_TABLE = 15
+RT_TABLE_LOCAL = 255
+RTN_LOCAL = 2
 #: Dump ends that mean "nothing": the interface filtered by is gone (addresses), the table
 #: filtered by does not exist (routes).
 EMPTY = {RTM_GETADDR: errno.ENODEV, RTM_GETROUTE: errno.ENOENT}
@@ -82,8 +88,11 @@ def _address(payload: bytes) -> str | None:
         elif kind == IFA_ADDRESS:
             address = value
     raw = local or address
-    if raw is None:
-        return None
+    return None if raw is None else _text(raw)
+
+
+def _text(raw: bytes) -> str:
+    """An address's text as `ipaddress` writes it, from its 4 or 16 bytes."""
     if len(raw) == 4:  # inet_ntop's form of IPv4 is ipaddress's, at a fraction of its cost
         return socket.inet_ntop(socket.AF_INET, raw)
     return str(ipaddress.ip_address(raw))
@@ -137,6 +146,21 @@ class RtnlChannel(Channel):
             msg = rtmsg(header(16 + len(payload), RTM_GETROUTE - 2, 0, 0) + payload)
             msg.decode()
             out.append(msg)
+        return out
+
+    def local_routes(self, protocol: int) -> set[str]:
+        """The destinations of the `local` routes of `protocol` in the local table, both
+        families (the kernel filters the dumps by table, protocol and type): the service
+        addresses IPVS mode made local so (ipvs/addresses.py), each a /32 or /128."""
+        out: set[str] = set()
+        for family in (socket.AF_INET, socket.AF_INET6):
+            body = _RTMSG.pack(family, 0, 0, 0, RT_TABLE_LOCAL, protocol, 0, RTN_LOCAL, 0)
+            for payload in self._dump(RTM_GETROUTE, body):
+                if payload[0] != family:  # IPv6 off (ipv6.disable=1): IPv4 answers
+                    continue
+                dst = next((v for k, v in attributes(payload, _RTMSG.size) if k == RTA_DST), None)
+                if dst is not None:
+                    out.add(_text(dst))
         return out
 
     def _dump(self, command: int, body: bytes) -> list[bytes]:

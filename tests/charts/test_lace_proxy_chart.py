@@ -86,6 +86,7 @@ EVERYTHING = {
     "lace": {
         "nftables": {"table": "lp"},
         "routing": {"table": 2000, "priority": 100},
+        "ipvs": {"serviceAddresses": "localRoutes"},
         "egress": {
             "enabled": False,
             "table": "lp-egress",
@@ -484,6 +485,7 @@ CONFIG_CASES = {
             "lace.nftables.table": "lace-proxy",
             "lace.routing.table": 1450,
             "lace.routing.priority": 1450,
+            "lace.ipvs.service_addresses": "interface",
             "lace.egress.enabled": True,
             "lace.egress.table": "lace-proxy-egress",
             "lace.egress.non_masquerade_cidrs": (),
@@ -545,6 +547,7 @@ CONFIG_CASES = {
             "lace.nftables.family": "ip",  # from extraConfig
             "lace.routing.table": 2000,
             "lace.routing.priority": 100,
+            "lace.ipvs.service_addresses": "localRoutes",
             "lace.egress.enabled": False,
             "lace.egress.table": "lp-egress",
             "lace.egress.non_masquerade_cidrs": (net("172.16.0.0/12"),),
@@ -694,6 +697,10 @@ BAD_VALUES = {
     "duration-unitless": ({"minSyncPeriod": "30"}, "/minSyncPeriod"),
     "scheduler": ({"ipvs": {"scheduler": "random"}}, "/ipvs/scheduler"),
     "kernel-table": ({"lace": {"routing": {"table": 254}}}, "/lace/routing/table"),
+    "service-addresses": (
+        {"lace": {"ipvs": {"serviceAddresses": "routes"}}},
+        "/lace/ipvs/serviceAddresses",
+    ),
     "bridge-without-name": ({"detectLocalMode": "BridgeInterface"}, "bridgeInterface"),
     "extra-kind": ({"extraConfig": {"kind": "Other"}}, "kind"),
     "extra-mode": ({"extraConfig": {"mode": "ipvs"}}, "mode"),

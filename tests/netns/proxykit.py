@@ -33,6 +33,8 @@ from lace_proxy.proxier import Proxier
 from lace_proxy.sources.files import SOURCE_NAME, ManifestSource
 from lace_proxy.table import ServiceTable
 
+from ..conftest import IPVS_ADDRESSES
+
 NODE = "node-a"
 OTHER_NODE = "node-b"
 LB4, LB6 = "10.252.0.20", "fd00:252::20"
@@ -101,6 +103,12 @@ def endpoints(
     }
 
 
+def ipvs_settings(**settings: Any) -> IpvsSettings:
+    """IPVS mode's settings for a test, its service addresses as this run's setting says
+    (IPVS_ADDRESSES: the dummy interface's, or local routes)."""
+    return IpvsSettings(local_routes=IPVS_ADDRESSES == "localRoutes", **settings)
+
+
 class Harness:
     """The proxy's own pipeline, synced on demand, programming a testbed's node.
 
@@ -108,7 +116,8 @@ class Harness:
     test's full sync repairs any tampering at once.
     `node` is the namespace programmed (the single-node testbed's node by default) and
     `node_name` the Node it is; `routing` turns on the policy routes; `mode` "ipvs" programs
-    IPVS (plus nftables without translation; needs an IPVS kernel: tests/vm); `pod_networks`
+    IPVS (plus nftables without translation; needs an IPVS kernel: tests/vm) with `ipvs`
+    (default: `ipvs_settings()`, this run's way of making service addresses local); `pod_networks`
     is told the pod networks' prefixes at each sync and `node_pod_cidrs` the Node's podCIDRs
     when they change (the egress controller's hooks); `udp_flows_moved` gets what the metric
     lace_proxy_udp_flows_moved would count; `announce` is the BGP announcer's hook.
@@ -146,7 +155,7 @@ class Harness:
             udp_flows_moved=udp_flows_moved,
         )
         self.backend: NftablesBackend | IpvsBackend = (
-            IpvsBackend(ipvs or IpvsSettings(), self.nft, netns) if mode == "ipvs" else self.nft
+            IpvsBackend(ipvs or ipvs_settings(), self.nft, netns) if mode == "ipvs" else self.nft
         )
         self.routes = None if routing is None else PolicyRoutes(routing, netns)
         self.table = ServiceTable(node_name)

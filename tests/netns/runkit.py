@@ -12,8 +12,10 @@ from pathlib import Path
 
 import yaml
 
+from lace_proxy.config import KIND, LACE_API_VERSION
 from lace_proxy.demo.testbed import POD_CIDR4, Testbed
 
+from ..conftest import IPVS_ADDRESSES
 from .proxykit import NODE
 
 #: How long `lace-proxy run` may take from its start to its first sync before a test calls it
@@ -36,10 +38,20 @@ def lace_proxy(tb: Testbed, *args: str) -> list[str]:
 
 
 def run_argv(tb: Testbed, folder: Path, mode: str, state_socket: Path) -> list[str]:
-    """`lace-proxy run` on the node, following `folder` quickly, in `mode`."""
+    """`lace-proxy run` on the node, following `folder` quickly, in `mode`; in IPVS mode with
+    this run's way of making service addresses local (IPVS_ADDRESSES, a file beside the
+    state socket: lace.ipvs.serviceAddresses has no flag)."""
+    config: list[str] = []
+    if mode == "ipvs":
+        path = state_socket.with_name("lace-ipvs.yaml")
+        doc = {"apiVersion": LACE_API_VERSION, "kind": KIND}
+        lace = {"ipvs": {"serviceAddresses": IPVS_ADDRESSES}}
+        path.write_text(yaml.safe_dump({**doc, "lace": lace}))
+        config = ["--config", str(path)]
     return lace_proxy(
         tb,
         "run",
+        *config,
         "--manifests",
         str(folder),
         "--hostname-override",

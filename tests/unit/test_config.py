@@ -87,6 +87,7 @@ def test_defaults_are_kube_proxys() -> None:
         "lace-proxy",
         "inet",
     )
+    assert c.lace.ipvs.service_addresses == "interface"  # kube-proxy's dummy interface
 
 
 def test_empty_machine_hostname_without_override_is_an_error(
@@ -134,6 +135,7 @@ def test_full_file(write: Writer) -> None:
           nftables: {table: lace_test, family: ip}
           serviceCIDRs: [10.96.0.0/12, "fd00:10:96::/112"]
           routing: {table: 300, priority: 900}
+          ipvs: {serviceAddresses: localRoutes}
         """,
         LACE_API_VERSION,
     )
@@ -159,6 +161,7 @@ def test_full_file(write: Writer) -> None:
         cfg.LaceNFTablesConfig("lace_test", "ip"),
         (net("10.96.0.0/12"), net("fd00:10:96::/112")),
         cfg.LaceRoutingConfig(300, 900),
+        cfg.LaceIPVSConfig("localRoutes"),
     )
 
 
@@ -275,6 +278,7 @@ def test_to_dict_round_trips_through_a_file(write: Writer) -> None:
             "ipvs.excludeCIDRs": ["10.1.0.0/16"],
             "conntrack.udpTimeout": "250ms",
             "lace.manifests": "/m",
+            "lace.ipvs.serviceAddresses": "localRoutes",
         },
     )
     rendered = original.to_dict()
@@ -283,6 +287,7 @@ def test_to_dict_round_trips_through_a_file(write: Writer) -> None:
     assert rendered["nodePortAddresses"] == ["primary"]
     assert rendered["syncPeriod"] == "1h2m3.5s"
     assert rendered["ipvs"]["excludeCIDRs"] == ["10.1.0.0/16"]  # type: ignore[index]
+    assert rendered["lace"]["ipvs"] == {"serviceAddresses": "localRoutes"}  # type: ignore[index]
     Path("printed.yaml").write_text(yaml.safe_dump(rendered, allow_unicode=True))
     assert load_config("printed.yaml") == original
 
@@ -479,6 +484,11 @@ def test_error_message_format(write: Writer) -> None:
         ),
         ("lace: {routing: {table: 0}}\n", "lace.routing.table", "an integer from 1"),
         ("lace: {routing: {priority: 32766}}\n", "lace.routing.priority", "from 1 to 32765"),
+        (
+            "lace: {ipvs: {serviceAddresses: routes}}\n",
+            "lace.ipvs.serviceAddresses",
+            '"routes" is not one of interface, localRoutes',
+        ),
         (
             "lace: {serviceCIDRs: [10.96.0.1]}\n",
             "lace.serviceCIDRs[0]",

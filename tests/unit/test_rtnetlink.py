@@ -144,3 +144,36 @@ def test_routes_ask_the_kernel_for_one_table_and_come_back_as_pyroute2_reads_the
     assert struct.unpack_from("=HHI", request, 28) == (8, rtnetlink.RTA_TABLE, 1000)
     assert (route.get("table"), route.get("dst"), route["dst_len"]) == (1000, "fd00:96::", 108)
     assert (route.get("oif"), route.get("prefsrc"), route["type"]) == (4, "fd00::1", 1)
+
+
+def _local_route(family: int, dst: str | None, length: int) -> bytes:
+    msg = rtmsg()
+    msg["family"], msg["dst_len"], msg["table"] = family, length, 255
+    msg["proto"], msg["scope"], msg["type"] = 145, 254, rtnetlink.RTN_LOCAL
+    msg["attrs"] = [("RTA_TABLE", 255), *([("RTA_DST", dst)] if dst else []), ("RTA_OIF", 1)]
+    return _encoded(msg, 24)
+
+
+def test_local_routes_ask_for_one_protocols_local_routes_of_the_local_table() -> None:
+    """Both families, the kernel filtering each dump by table, protocol and type (a strict
+    dump's filters are the header's: scope and lengths must be 0); the destinations read by
+    their fixed layout."""
+    answers = [
+        _local_route(socket.AF_INET, "10.96.0.1", 32),
+        _local_route(socket.AF_INET6, "fd00:96:0::a", 128),
+        _local_route(socket.AF_INET, None, 0),  # no destination: left out
+    ]
+    kernel = DumpingKernel(answers)
+    assert _channel(kernel).local_routes(145) == {"10.96.0.1", "fd00:96::a"}
+    families = [socket.AF_INET, socket.AF_INET6]
+    for request, family in zip(kernel.requests, families, strict=True):
+        assert struct.unpack_from("=BBBBBBBBI", request, 16) == (
+            family,
+            *(0, 0, 0),
+            rtnetlink.RT_TABLE_LOCAL,
+            145,
+            0,
+            rtnetlink.RTN_LOCAL,
+            0,
+        )
+        assert len(request) == 28 and NLMSG.unpack_from(request)[1:3] == (26, 0x301)

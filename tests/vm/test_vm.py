@@ -1,6 +1,7 @@
 """Runs the ``ipvs`` tests in the VM (tests/vm/inner/, and the ipvs mode of the traffic tests
-in tests/netns), and proves the harness both ways: a failure inside fails here with the
-inner output, a hung guest is killed in time."""
+in tests/netns) once with each way of making service addresses local (lace.ipvs.
+serviceAddresses: the tests read it as IPVS_ADDRESSES), and proves the harness both ways: a
+failure inside fails here with the inner output, a hung guest is killed in time."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import re
 from pathlib import Path
 
 import pytest
+
+from lace_proxy.config import SERVICE_ADDRESSES
 
 from .conftest import Vm
 from .harness import Job, VmError
@@ -30,16 +33,24 @@ def children() -> set[int]:
     return found
 
 
-def test_ipvs_suite_passes_in_the_vm(vm: Vm) -> None:
-    result = vm.pytest([INNER, "-q", "-rs"])
+def setting(addresses: str) -> dict[str, str]:
+    """The guest's environment for a run with lace.ipvs.serviceAddresses `addresses`."""
+    return {"LACE_PROXY_IPVS_ADDRESSES": addresses}
+
+
+@pytest.mark.parametrize("addresses", SERVICE_ADDRESSES)
+def test_ipvs_suite_passes_in_the_vm(vm: Vm, addresses: str) -> None:
+    result = vm.pytest([INNER, "-q", "-rs"], env=setting(addresses))
     assert result.passed, result.report()
     assert result.junit is not None, result.report()
     assert result.junit.tests > 0 and result.junit.skipped == 0, result.report()
 
 
-def test_mode_parity_the_behavioural_suite_passes_in_ipvs_mode(vm: Vm) -> None:
+@pytest.mark.parametrize("addresses", SERVICE_ADDRESSES)
+def test_mode_parity_the_behavioural_suite_passes_in_ipvs_mode(vm: Vm, addresses: str) -> None:
     """tests/netns' traffic tests parametrized over modes, their ipvs half, on real IPVS."""
-    result = vm.pytest(["tests/netns", "-m", "ipvs", "-q", "-rs"], timeout=1200)
+    args = ["tests/netns", "-m", "ipvs", "-q", "-rs"]
+    result = vm.pytest(args, env=setting(addresses), timeout=1200)
     assert result.passed, result.report()
     assert result.junit is not None and result.junit.tests >= 15, result.report()
     # -rs folds the skips of one reason and place into one line: "SKIPPED [4] file:line: why"

@@ -117,6 +117,7 @@ schema accepts (or override one of these). Empty lists and strings are left out,
 {{- $lace := dict
   "nftables" (dict "table" $v.lace.nftables.table)
   "routing" (dict "table" $v.lace.routing.table "priority" $v.lace.routing.priority)
+  "ipvs" (dict "serviceAddresses" $v.lace.ipvs.serviceAddresses)
   "egress" $egress
 -}}
 {{- with $v.node.serviceCIDRs }}{{ $_ := set $lace "serviceCIDRs" . }}{{ end -}}

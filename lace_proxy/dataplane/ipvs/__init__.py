@@ -3,7 +3,10 @@
 - `model`: virtual services and what each should be, from plans (no kernel access).
 - `codec`: IPVS requests and dump answers as netlink messages (compiled, or its pure twin).
 - `netlink`: `IpvsChannel`, batches of requests to IPVS and dumps back; refusals named.
-- `addresses`: `AddressChannel`, the dummy interface's addresses in batches, read back in a dump.
+- `addresses`: `AddressChannel`, service addresses in batches (the dummy interface's, or
+  local routes), read back in dumps.
+- `local`: `ServiceAddresses`, the way lace.ipvs.serviceAddresses chooses, and the other way's
+  leftovers removed.
 - `kernel`: IPVS's table read back, its timeouts, the dummy interface and sysctls.
 - `backend`: `IpvsBackend`, the Dataplane (base.py): sync by diff against the kernel.
 - `report`: `lace-proxy kernel`'s report of what IPVS holds against the table.

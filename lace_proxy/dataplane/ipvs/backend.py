@@ -3,7 +3,11 @@
 As kube-proxy's IPVS mode: every ClusterIP, ExternalIP and load-balancer IP is an address of
 a dummy interface (`lace-ipvs0`, kept down), so packets to it are delivered locally, where
 IPVS picks a real server and translates (NAT forwarding, as the IPVS codec asks for every
-real server). A NodePort is a virtual service on each node address. nftables keeps its
+real server). With `IpvsSettings.local_routes` (lace.ipvs.serviceAddresses localRoutes)
+each is a `local` route in the local table instead, which is all such an address amounts to
+for routing, without the cost of an interface's addresses (addresses.py); the switch from
+one way to the other leaves nothing of the first behind (local.py). A NodePort
+is a virtual service on each node address. nftables keeps its
 table with translation switched off (`NftablesSettings.translate`): access control (the Lace
 network model), reject/drop for services without (local) endpoints, source ranges,
 masquerade marks and hairpin, and a filter that keeps other ports of service addresses away
@@ -12,15 +16,15 @@ from the node's own sockets.
 Sync is a diff against what IPVS holds (dumps), never a flush, so a restart adopts the
 previous process's services and established connections carry on. What a sync changes goes
 to the kernel in batches (`netlink.IpvsChannel`): one for the virtual and real servers, one
-for the drained real servers' deletions, and the UDP move's own; the dummy's addresses in
-batches of their own (`addresses.AddressChannel`). A new address goes
-onto the dummy interface only once IPVS holds its virtual services with their real servers
-(`_add_to_dummy`), so a frontend is never the node's own without them. A real server that
+for the drained real servers' deletions, and the UDP move's own; the service addresses in
+batches of their own (`addresses.AddressChannel`). A new address is made local only once
+IPVS holds its virtual services with their real servers (`_make_local`), so a frontend is
+never the node's own without them. A real server that
 leaves is deleted at once if IPVS tracks no connection to it; otherwise it is first set to
 weight 0 (no new connections) and deleted once its connections have drained, or after
 `grace_period` if one is set (as kube-proxy's graceful termination). Ownership: virtual services
-on the dummy interface's addresses, and on node addresses within the NodePort range; nothing
-else is touched.
+on the service addresses (the dummy interface's, this backend's local routes'), and on node
+addresses within the NodePort range; nothing else is touched.
 """
 
 from __future__ import annotations
@@ -33,12 +37,13 @@ from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from pyroute2 import IPVS, IPRoute
+from pyroute2 import IPVS
 
 from lace_proxy.dataplane.base import NO_NETWORKS
 from lace_proxy.dataplane.ipvs import kernel
-from lace_proxy.dataplane.ipvs.addresses import AddressChannel, AddressRefusal
+from lace_proxy.dataplane.ipvs.addresses import AddressChannel
 from lace_proxy.dataplane.ipvs.kernel import STRICT_ARP, SYSCTLS
+from lace_proxy.dataplane.ipvs.local import LOGGED, ServiceAddresses
 from lace_proxy.dataplane.ipvs.model import (
     IpvsSettings,
     KernelView,
@@ -57,8 +62,6 @@ from lace_proxy.table import Changeset, Plan
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-#: Refusals of one batch logged one by one; the rest are counted.
-LOGGED = 50
 
 
 class IpvsBackend:
@@ -74,6 +77,7 @@ class IpvsBackend:
         if nft.settings.translate:
             raise ValueError("the nftables part of IPVS mode must not translate")
         self.settings = settings
+        self.local = ServiceAddresses(settings)
         self.nft = nft
         self.netns = netns
         self._clock = clock
@@ -84,7 +88,7 @@ class IpvsBackend:
         self._exclude = tuple(ipaddress.ip_network(c, strict=False) for c in settings.exclude_cidrs)
         self._programmed: dict[VirtualServer, Target] = {}
         self._wanted = Wanted((), settings.scheduler)  # set by each full sync
-        self._address_refs: Counter[str] = Counter()  # dummy address -> plans using it
+        self._address_refs: Counter[str] = Counter()  # service address -> plans using it
         self._node_addresses: tuple[str, ...] = ()
         # Real servers draining at weight 0, with their deadlines, per virtual service.
         self._terminating: dict[VirtualServer, dict[tuple[str, int], float]] = {}
@@ -93,7 +97,7 @@ class IpvsBackend:
         # full sync that read every real server back), and how many full syncs ago that was.
         self._trusted = False
         self._since_verified = 0
-        self._index = -1  # the dummy interface's, as of the last full sync
+        self._index = -1  # the dummy interface's, as of the last full sync (-1: none)
         self._channel: IpvsChannel | None = None  # made on the kernel's thread, kept
 
     # -- the Dataplane protocol --
@@ -104,10 +108,10 @@ class IpvsBackend:
         changes: Changeset | None = None,
         layout: NetworkLayout = NO_NETWORKS,
     ) -> int:
-        """nftables in full, then IPVS and the dummy's addresses.
+        """nftables in full, then IPVS and the service addresses.
 
         As nftables mode's: the first full sync of a process, the one after a failed sync,
-        and every `verify_every`-th (the nftables part's setting) read IPVS and the
+        and every `verify_every`-th (the nftables part's setting) read IPVS and the service
         addresses back whole and program what differs (adoption; drift repaired server by
         server). The others apply `changes` as `apply` does, after a check of what a few
         requests show (`_periodic`); only if that differs is everything read back then. A
@@ -149,12 +153,14 @@ class IpvsBackend:
         return self.nft.node_addresses_changed(addresses)
 
     def cleanup(self) -> bool:
-        """Remove every virtual service of ours, the dummy interface and the nftables table."""
+        """Remove every virtual service of ours, the dummy interface, our local routes and
+        the nftables table."""
         self.remove_ipvs()
         return self.nft.cleanup()
 
     def remove_ipvs(self) -> int:
-        """Remove every virtual service of ours and the dummy interface; returns how many."""
+        """Remove every virtual service of ours, the dummy interface and our local routes (in
+        either way: a node may have switched); returns how many virtual services."""
         return self._run(self._cleanup)
 
     def held(self) -> dict[VirtualServer, Target]:
@@ -166,34 +172,32 @@ class IpvsBackend:
         return self._run(dump)
 
     def inspect(self) -> KernelView:
-        """What IPVS holds in detail, the dummy's addresses and the node addresses a sync
-        would put NodePorts on, read as a sync reads them (`kernel.read`); changes nothing (not
-        even the dummy interface), so the CLI can show and diff a live node."""
+        """What IPVS holds in detail, the service addresses (either way's) and the node
+        addresses a sync would put NodePorts on, read as a sync reads them (`kernel.read`);
+        changes nothing (not even the dummy interface), so the CLI can show and diff a live
+        node."""
 
         def read() -> KernelView:
-            with IPRoute() as ipr:
-                links = ipr.link_lookup(ifname=self.settings.interface)
-            index = int(links[0]) if links else -1
             with AddressChannel() as channel:
-                addresses = channel.addresses()
-            dummy = {address for i, address in addresses if i == index}
-            nodes = self._local_addresses(addresses, index)
+                local = self.local.read(channel)
+            nodes = self._local_addresses(local.every, local.dummy)
             held = kernel.read(self._ipvs())
             services = {vs: kernel.target(vs_held) for vs, vs_held in held.items()}
             details = {vs: servers for vs, (_, _, servers) in held.items()}
-            return KernelView(services, details, frozenset(dummy), nodes)
+            return KernelView(services, details, frozenset(local.mine | local.other), nodes)
 
         return self._run(read)
 
     def owns(
-        self, vs: VirtualServer, dummy_addresses: Collection[str], node_addresses: Collection[str]
+        self, vs: VirtualServer, service_addresses: Collection[str], node_addresses: Collection[str]
     ) -> bool:
-        """The ownership rule: a virtual service on a dummy address, or on a node address
-        within the NodePort range, is ours (everything else is left alone)."""
+        """The ownership rule: a virtual service on a service address (the dummy's, or of a
+        local route of ours), or on a node address within the NodePort range, is ours
+        (everything else is left alone)."""
         if self._excluded(vs.address):
             return False
         low, high = self.settings.node_port_range
-        return vs.address in dummy_addresses or (
+        return vs.address in service_addresses or (
             vs.address in node_addresses and low <= vs.port <= high
         )
 
@@ -234,21 +238,19 @@ class IpvsBackend:
 
     def _reconcile(self, plans: list[Plan]) -> int:
         self._settle()
-        with IPRoute() as ipr:
-            index = kernel.dummy(ipr, self.settings.interface)
         refs: Counter[str] = Counter()
         for plan in plans:
             refs.update(addresses_of(plan))
         with AddressChannel() as addresses:
-            return self._sync_ipvs(addresses, index, plans, refs)
+            return self._sync_ipvs(addresses, plans, refs)
 
     def _periodic(self, changes: Changeset) -> int | None:
-        """A full sync that trusts IPVS and the dummy's addresses as nftables mode's trusts
+        """A full sync that trusts IPVS and the service addresses as nftables mode's trusts
         its elements (see full_sync): it checks what a few requests show (the dummy
-        interface is the one programmed, the node addresses NodePorts use are the same, one
-        virtual service has its real servers: IPVS was not cleared), then applies `changes`.
-        Returns the operation count, or None if the kernel is not as programmed (the caller
-        then reads everything back)."""
+        interface is the one programmed, or still absent with local routes; the node
+        addresses NodePorts use are the same; one virtual service has its real servers: IPVS
+        was not cleared), then applies `changes`. Returns the operation count, or None if
+        the kernel is not as programmed (the caller then reads everything back)."""
         self._settle()
         with AddressChannel() as addresses:
             links = {link.name: link.ifindex for link in addresses.links()}
@@ -269,15 +271,15 @@ class IpvsBackend:
                 return {(r[0], r[1]) for r in servers if r[3] > 0} == target.servers
         return True
 
-    def _sync_ipvs(
-        self, addresses: AddressChannel, index: int, plans: list[Plan], refs: Counter[str]
-    ) -> int:
-        """Virtual services by diff against what IPVS holds, and the dummy's addresses by
-        diff against one dump of the namespace's addresses (which also has the node's)."""
-        every = addresses.addresses()
-        self._index = index
-        self._node_addresses = self._local_addresses(every, index)
-        held = {address for i, address in every if i == index}
+    def _sync_ipvs(self, addresses: AddressChannel, plans: list[Plan], refs: Counter[str]) -> int:
+        """Virtual services by diff against what IPVS holds, and the service addresses by
+        diff against what the kernel holds of them: one dump of the namespace's addresses
+        (which also has the node's; the dummy's among them) and one of our local routes per
+        family. What the other way holds (left by a process with the other setting) is ours
+        too, and goes once this way holds every address (local.py)."""
+        local = self.local.read(addresses, make=True)
+        index, held = local.dummy, local.mine
+        self._node_addresses = self._local_addresses(local.every, index)
         self._address_refs = refs
         wanted, scheduler = self._wanted, self.settings.scheduler
         if (wanted.node_addresses, wanted.scheduler) != (self._node_addresses, scheduler):
@@ -289,7 +291,7 @@ class IpvsBackend:
         failed: list[str] = []
         channel = self._ipvs()
         held_services = {}
-        ours = set(refs) | held  # also the addresses of services deleted meanwhile
+        ours = set(refs) | held | local.other  # also the addresses of services deleted meanwhile
         for vs, (target, draining) in kernel.dump(channel).items():
             # Ours: by address, wanted now, or made by this process (e.g. a NodePort on an
             # address the node no longer has).
@@ -303,10 +305,12 @@ class IpvsBackend:
         try:
             count += self._converge(channel, held_services, desired)
         finally:
-            count += self._add_to_dummy(addresses, index, set(refs) - held, failed)
+            count += self._make_local(addresses, index, set(refs) - held, failed)
         self._programmed, self._wanted = desired, wanted
         # After IPVS: the addresses say which services are ours.
-        count += self._dummy(addresses.delete, index, held - set(refs), failed)
+        count += self.local.change(addresses, index, held - set(refs), failed, add=False)
+        count += self.local.leave_the_other_way(addresses, local, failed)
+        self._index = -1 if self.settings.local_routes else index
         _raise_if(failed)
         return count
 
@@ -327,16 +331,13 @@ class IpvsBackend:
         count = 0
         failed: list[str] = []
         held = {vs: self._programmed[vs] for vs in touched if vs in self._programmed}
-        index = -1
-        if appear or vanish:
-            with IPRoute() as ipr:
-                index = kernel.dummy(ipr, self.settings.interface)
+        index = self.local.index() if appear or vanish else -1
         try:
             count += self._converge(self._ipvs(), held, after, only=touched)
         finally:
             if appear:
                 with AddressChannel() as addresses:
-                    count += self._add_to_dummy(addresses, index, appear, failed)
+                    count += self._make_local(addresses, index, appear, failed)
         for vs in touched - set(after):
             self._programmed.pop(vs, None)
         self._programmed.update(after)
@@ -346,41 +347,21 @@ class IpvsBackend:
                 del refs[address]
         if vanish:
             with AddressChannel() as addresses:
-                count += self._dummy(addresses.delete, index, vanish, failed)
+                count += self.local.change(addresses, index, vanish, failed, add=False)
         _raise_if(failed)
         return count
 
-    def _add_to_dummy(
+    def _make_local(
         self, channel: AddressChannel, index: int, addresses: set[str], failed: list[str]
     ) -> int:
-        """Put new service addresses on the dummy interface; called once IPVS holds their
-        virtual services with every real server (also when the kernel refused some other
-        operation). An address makes its frontends the node's own at once: added first, a
-        new connection reached the node's own sockets on that port (or was reset), then a
-        virtual service with no real server yet (IPVS refused it). Until it is added, a new
-        address is routed as a foreign one (nftables refuses connections to a ClusterIP that
-        is not local: cluster-ips-check)."""
-        return self._dummy(channel.add, index, addresses, failed)
-
-    @staticmethod
-    def _dummy(
-        change: Callable[[int, Iterable[str]], tuple[int, list[AddressRefusal]]],
-        index: int,
-        addresses: set[str],
-        failed: list[str],
-    ) -> int:
-        """Add or delete addresses of the dummy (`change`: a channel's `add` or `delete`), in
-        one batch; each refusal is logged, naming its address, and added to `failed` (the
-        others are carried out; the sync then counts as failed and is retried)."""
-        if not addresses:
-            return 0
-        done, refused = change(index, addresses)
-        for refusal in refused[:LOGGED]:
-            log.error("%s", refusal)
-        if len(refused) > LOGGED:
-            log.error("IPVS: %d more address requests refused", len(refused) - LOGGED)
-        failed += map(str, refused)
-        return done
+        """Make new service addresses local; called once IPVS holds their virtual services
+        with every real server (also when the kernel refused some other operation). An
+        address makes its frontends the node's own at once: added first, a new connection
+        reached the node's own sockets on that port (or was reset), then a virtual service
+        with no real server yet (IPVS refused it). Until it is added, a new address is routed
+        as a foreign one (nftables refuses connections to a ClusterIP that is not local:
+        cluster-ips-check)."""
+        return self.local.change(channel, index, addresses, failed, add=True)
 
     def _converge(
         self,
@@ -491,8 +472,8 @@ class IpvsBackend:
         do; none does with a grace period of 0)."""
         return vs.protocol != "UDP" and self.settings.grace_period > 0
 
-    def _owns(self, vs: VirtualServer, dummy_addresses: set[str]) -> bool:
-        return self.owns(vs, dummy_addresses, self._node_addresses)
+    def _owns(self, vs: VirtualServer, service_addresses: set[str]) -> bool:
+        return self.owns(vs, service_addresses, self._node_addresses)
 
     def _excluded(self, address: str) -> bool:
         if not self._exclude:  # as on most nodes: no address to parse per virtual service
@@ -530,22 +511,18 @@ class IpvsBackend:
 
     def _cleanup(self) -> int:
         self._trusted = False  # the next full sync reads everything back
-        with IPRoute() as ipr:
-            links = ipr.link_lookup(ifname=self.settings.interface)
-            index = int(links[0]) if links else -1
-            with AddressChannel() as addresses:
-                every = addresses.addresses()
-            dummy_addresses = {address for i, address in every if i == index}
-            self._node_addresses = self._local_addresses(every, index, every=True)
-            if links:
-                ipr.link("del", index=index)
+        failed: list[str] = []
+        with AddressChannel() as addresses:
+            local = self.local.read(addresses)
+            self._node_addresses = self._local_addresses(local.every, local.dummy, every=True)
+            self.local.remove(addresses, local, failed)
+        service_addresses = local.mine | local.other
         channel = self._ipvs()
         batch = channel.batch()
         for vs, _, _ in kernel.services(channel):
             made = vs in self._programmed and not self._excluded(vs.address)
-            if self._owns(vs, dummy_addresses) or made:
+            if self._owns(vs, service_addresses) or made:
                 batch.delete_service(vs)
-        failed: list[str] = []
         refused = self._send(channel, batch, failed)
         self._close_channel()  # nothing of ours is left to sync; a later call makes a new one
         _raise_if(failed)

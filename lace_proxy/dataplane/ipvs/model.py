@@ -14,14 +14,27 @@ from lace_proxy.table import Backend, Plan
 
 PROTOCOLS = {"TCP": socket.IPPROTO_TCP, "UDP": socket.IPPROTO_UDP, "SCTP": 132}
 PERSISTENT = 0x0001  # IP_VS_SVC_F_PERSISTENT
+#: The protocol number of every route lace-proxy makes for a service address (`ip route show
+#: table local proto 145`), by which it finds them. The kernel reserves 0-4 and interprets
+#: none above; iproute2's rt_protos names 8-18, 42, 99 and 186-192 (routing daemons), FRR
+#: 186-199: 145 is none of them.
+ROUTE_PROTOCOL = 145
 
 
 @dataclass(frozen=True)
 class IpvsSettings:
-    """ipvs.*: the default scheduler, the dummy interface, NodePorts, graceful termination."""
+    """ipvs.*: the default scheduler, the dummy interface, NodePorts, graceful termination;
+    lace.ipvs: how service addresses are made local."""
 
     scheduler: str = "rr"
     interface: str = "lace-ipvs0"
+    #: lace.ipvs.serviceAddresses localRoutes: every service address is a `local` route in the
+    #: local table; False (`interface`, kube-proxy's way): an address of `interface`.
+    local_routes: bool = False
+    #: The protocol number that marks a local route as this backend's; None: none is (the
+    #: backend `cleanup --kube-proxy` removes kube-proxy's leftovers with: lace-proxy's routes
+    #: are not among them).
+    route_protocol: int | None = ROUTE_PROTOCOL
     node_port_range: tuple[int, int] = (30000, 32767)
     # Seconds a removed TCP real server may keep its connections; by default until they are
     # gone, as kube-proxy's graceful termination (a forced deletion resets live ones).
@@ -34,6 +47,10 @@ class IpvsSettings:
     tcp_timeout: int = 0
     tcp_fin_timeout: int = 0
     udp_timeout: int = 0
+
+    def __post_init__(self) -> None:
+        if self.local_routes and self.route_protocol is None:
+            raise ValueError("local routes need a route protocol to be found by")
 
 
 class VirtualServer(NamedTuple):
@@ -74,7 +91,9 @@ class KernelView:
 
     services: dict[VirtualServer, Target]
     real_servers: dict[VirtualServer, tuple[RealServer, ...]]
-    dummy_addresses: frozenset[str]  # held by the dummy interface
+    #: The service addresses the node holds, either way: the dummy interface's and those of
+    #: this backend's local routes (both are ours, as a sync sees them).
+    service_addresses: frozenset[str]
     node_addresses: tuple[str, ...]  # where NodePort virtual services go
 
 
@@ -169,7 +188,7 @@ class Wanted:
 
 
 def addresses_of(plan: Plan) -> set[str]:
-    """The addresses a plan needs on the dummy interface (NodePorts use the node's own)."""
+    """The service addresses a plan needs local (NodePorts use the node's own)."""
     return {plan.cluster_ip, *plan.external_ips, *plan.lb_ips}
 
 

@@ -54,7 +54,7 @@ def _ipvs_desired(
 ) -> tuple[dict[VirtualServer, Target], dict[VirtualServer, list[str]], set[str]]:
     """What a full sync would program (IPVS mode's own `Wanted`, on the node addresses the
     backend read from the kernel), each virtual service's service ports for the SERVICE
-    column (the one it serves first), and the addresses the dummy interface would hold."""
+    column (the one it serves first), and the service addresses the node would hold."""
     wanted = Wanted(node_addresses, scheduler)
     label: dict[str, str] = {}
     refs: set[str] = set()
@@ -96,12 +96,12 @@ def _ipvs_report(
     """What IPVS holds and how it differs from the table, as the JSON document.
 
     A difference is what the proxy's next full sync would change: a virtual service missing,
-    one of ours that is not desired (ours by the backend's rule: on a dummy address, held or
-    desired, or a NodePort on a node address), a different scheduler or persistence, a real
+    one of ours that is not desired (ours by the backend's rule: on a service address, held
+    or desired, or a NodePort on a node address), a different scheduler or persistence, a real
     server missing, serving but not desired, or desired but at weight 0. A real server at
     weight 0 that is not desired is draining, as the proxy leaves it: listed, not a
     difference."""
-    dummy = set(view.dummy_addresses) | refs
+    local = set(view.service_addresses) | refs
     services = []
     for vs in sorted(view.services, key=_vs_order):
         target = view.services[vs]
@@ -113,7 +113,7 @@ def _ipvs_report(
                 "scheduler": target.scheduler,
                 "persistence": target.persistence,
                 "service": ",".join(labels[vs]) if vs in labels else None,
-                "ours": backend.owns(vs, dummy, view.node_addresses),
+                "ours": backend.owns(vs, local, view.node_addresses),
                 "realServers": [
                     _server_doc(
                         r.address,
@@ -133,7 +133,7 @@ def _ipvs_report(
         label = ",".join(labels[vs]) if vs in labels else None
         want, have = desired.get(vs), view.services.get(vs)
         if want is None:
-            if have is not None and backend.owns(vs, dummy, view.node_addresses):
+            if have is not None and backend.owns(vs, local, view.node_addresses):
                 unexpected.append(
                     {
                         **key,

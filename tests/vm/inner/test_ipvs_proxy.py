@@ -2,12 +2,15 @@
 
 The single-node testbed (lace_proxy/demo/testbed.py) runs inside the VM's kernel; the
 proxy's own pipeline programs its node namespace (tests/netns/proxykit.py's Harness with
-mode "ipvs"): IPVS balances, nftables filters and masquerades.
+mode "ipvs"): IPVS balances, nftables filters and masquerades. Service addresses are made
+local as this run's setting says (IPVS_ADDRESSES: tests/vm/test_vm.py runs the module with
+each); a test that handles them behind the proxy's back does it that way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,11 +26,25 @@ from lace_proxy.demo.testbed import (
     remove_stale_namespaces,
     request_tcp,
 )
-from tests.netns.proxykit import LB4, Harness, endpoints, many, names, service
+from tests.conftest import IPVS_ADDRESSES
+from tests.netns.proxykit import LB4, Harness, endpoints, ipvs_settings, many, names, service
 
 pytestmark = pytest.mark.ipvs
 
 VIP4, VIP6 = "10.96.0.10", "fd00:96::10"
+LOCAL_ROUTES = IPVS_ADDRESSES == "localRoutes"
+DUMMY = "lace-ipvs0"
+#: Where the node holds a service address: lo for a local route of the proxy's protocol (145)
+#: in the local table, else the dummy interface.
+HOLDER = "lo" if LOCAL_ROUTES else DUMMY
+
+
+def local(command: str, address: str) -> list[str]:
+    """`ip` adding or deleting (`command`) a service address the way this run's proxy does."""
+    if LOCAL_ROUTES:
+        where = ["dev", "lo", "table", "local", "proto", "145"]
+        return ["ip", "route", command, "local", f"{address}/32", *where]
+    return ["ip", "addr", command, f"{address}/32", "dev", DUMMY]
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +197,7 @@ def test_removed_endpoint_drains_and_a_restart_adopts_without_flush(
 
 
 def test_after_the_grace_period_a_removed_endpoint_is_gone(tb: Testbed, tmp_path: Path) -> None:
-    proxy = Harness(tb, tmp_path / "manifests", mode="ipvs", ipvs=IpvsSettings(grace_period=0))
+    proxy = Harness(tb, tmp_path / "manifests", mode="ipvs", ipvs=ipvs_settings(grace_period=0))
     try:
         proxy.write("web", *web(tb))
         proxy.sync()
@@ -235,23 +252,25 @@ def test_an_address_goes_on_only_once_its_virtual_service_has_every_real_server(
 ) -> None:
     """A service address makes its frontends the node's own. Put on first, a new connection
     reached the node's own server, then a virtual service without real servers (IPVS refused
-    it). Here the kernel refuses the IPv6 addresses (IPv6 disabled on lace-ipvs0): that
-    sync fails right there, and IPVS holds every real server already, in a full sync and
-    in an incremental one; the address that is not on yet is refused, not the node's."""
-    dummy = "lace-ipvs0"
-    ipv6 = f"net.ipv6.conf.{dummy}.disable_ipv6"
-    tb.exec(tb.node, ["ip", "link", "add", dummy, "type", "dummy"])
+    it). Here the kernel refuses the IPv6 addresses (IPv6 disabled on lace-ipvs0, or on lo,
+    the device of the local routes): that sync fails right there, and IPVS holds every real
+    server already, in a full sync and in an incremental one; the address that is not on
+    yet is refused, not the node's."""
+    ipv6 = f"net.ipv6.conf.{HOLDER}.disable_ipv6"
+    refused = "adding the local route of {} refused" if LOCAL_ROUTES else "adding {} to the dummy"
+    if not LOCAL_ROUTES:
+        tb.exec(tb.node, ["ip", "link", "add", DUMMY, "type", "dummy"])
     pods6 = {(f"[fd00:251::{n}]:8080", 1) for n in (11, 12, 13)}
     late = [service("late", ["fd00:96::16"]), endpoints("late", tb.pods, v6=True)]
     # The first sync is a full one; `late` comes in an incremental one.
     for name, vip6, objs in (("web", VIP6, web(tb)), ("late", "fd00:96::16", late)):
-        tb.exec(tb.node, ["sysctl", "-qw", f"{ipv6}=1"])  # also removes its IPv6 addresses
+        tb.exec(tb.node, ["sysctl", "-qw", f"{ipv6}=1"])  # its IPv6 addresses, routes go too
         proxy.write(name, *objs)
         proxy.source._signature = None
         proxy.source.poll()
         assert not asyncio.run(proxy.proxier.sync())
         error = proxy.proxier.stats.last_error or ""
-        assert f"adding {vip6} to the dummy interface refused: EACCES" in error, name
+        assert refused.format(vip6) in error and "EACCES" in error, name
         assert ipvsadm(tb)[f"TCP [{vip6}]:80"] == ("rr", pods6), name
         assert request_tcp(tb.client, vip6, 80).outcome == "refused", name
         assert set(names(many(tb.client, VIP4, 80, n=9))) == {"pod1", "pod2", "pod3"}, name
@@ -334,9 +353,10 @@ def test_a_periodic_sync_trusts_what_verifying_repairs_and_sees_a_cleared_ipvs(
     tb: Testbed, tmp_path: Path
 ) -> None:
     """Between verified full syncs (every third here), a full sync trusts IPVS and the
-    dummy's addresses, as nftables mode trusts its elements: an address deleted behind the
-    proxy's back comes back at the third. IPVS cleared, the dummy interface deleted or a
-    node address gained is seen by the periodic sync's check and repaired at once."""
+    service addresses, as nftables mode trusts its elements: an address deleted behind the
+    proxy's back comes back at the third. IPVS cleared, the dummy interface deleted (with
+    local routes: made) or a node address gained is seen by the periodic sync's check and
+    repaired at once."""
     proxy = Harness(tb, tmp_path / "manifests", mode="ipvs", verify_every=3)
     key, extra = f"TCP {VIP4}:80", "10.250.0.77"
     every = {(f"10.251.0.{n}:8080", 1) for n in (11, 12, 13)}
@@ -344,15 +364,16 @@ def test_a_periodic_sync_trusts_what_verifying_repairs_and_sees_a_cleared_ipvs(
     try:
         proxy.write("web", *web(tb))
         proxy.sync()  # the first: verified
-        tb.exec(tb.node, ["ip", "addr", "del", f"{VIP4}/32", "dev", "lace-ipvs0"])
+        tb.exec(tb.node, local("del", VIP4))
         for _ in range(2):  # the two periodic syncs between verified ones
             proxy.sync(full=True)
             assert request_tcp(tb.client, VIP4, 80).outcome == "refused"
         proxy.sync(full=True)  # the third: everything read back
         assert set(names(many(tb.client, VIP4, 80, n=12))) == pods
+        made = ["ip", "link", "add", DUMMY, "type", "dummy"]  # not there with local routes
         tampering = (
             ["ipvsadm", "-C"],
-            ["ip", "link", "del", "lace-ipvs0"],
+            made if LOCAL_ROUTES else ["ip", "link", "del", DUMMY],
             ["ip", "addr", "add", f"{extra}/32", "dev", "lo"],
         )
         for command in tampering:
@@ -375,7 +396,7 @@ def test_ipvs_timeouts_from_config_and_zero_keeps_the_kernels(tb: Testbed, tmp_p
         ]  # "Timeout (tcp tcpfin udp): 900 120 300"
 
     udp = shown()[2]
-    settings = IpvsSettings(tcp_timeout=901, tcp_fin_timeout=61)
+    settings = ipvs_settings(tcp_timeout=901, tcp_fin_timeout=61)
     proxy = Harness(tb, tmp_path / "manifests", mode="ipvs", ipvs=settings)
     try:
         proxy.write("web", *web(tb))
@@ -386,16 +407,16 @@ def test_ipvs_timeouts_from_config_and_zero_keeps_the_kernels(tb: Testbed, tmp_p
 
 
 def test_exclude_cidrs_keep_a_stale_virtual_service(tb: Testbed, tmp_path: Path) -> None:
-    """Two stale virtual services on lace-ipvs0's addresses (ours by the ownership rule): a
-    full sync removes the one outside ipvs.excludeCIDRs and leaves the one inside."""
+    """Two stale virtual services on service addresses of the proxy's (ours by the ownership
+    rule): a full sync removes the one outside ipvs.excludeCIDRs and leaves the one inside."""
     proxy = Harness(
-        tb, tmp_path / "m", mode="ipvs", ipvs=IpvsSettings(exclude_cidrs=("10.96.9.0/24",))
+        tb, tmp_path / "m", mode="ipvs", ipvs=ipvs_settings(exclude_cidrs=("10.96.9.0/24",))
     )
     try:
         proxy.write("web", *web(tb))
         proxy.sync()
         for address in ("10.96.8.1", "10.96.9.1"):
-            tb.exec(tb.node, ["ip", "addr", "add", f"{address}/32", "dev", "lace-ipvs0"])
+            tb.exec(tb.node, local("add", address))
             tb.exec(tb.node, ["ipvsadm", "-A", "-t", f"{address}:80", "-s", "rr"])
         proxy.sync(full=True)
         shown = ipvsadm(tb)
@@ -424,3 +445,56 @@ def test_cleanup_removes_node_ports_with_primary_node_port_addresses(
     fresh = Harness(tb, tmp_path / "fresh", mode="ipvs", node_port_primary=True)
     fresh.close()  # the cleanup path: no Node known
     assert not [key for key in ipvsadm(tb) if key.endswith(":30080")]
+
+
+def held_locally(tb: Testbed) -> tuple[set[str], set[str]]:
+    """The service addresses the node holds: on the dummy interface, and as local routes of
+    the proxy's protocol (145)."""
+    shown = tb.exec(tb.node, ["ip", "-j", "addr", "show", "dev", DUMMY], check=False).stdout
+    on_dummy = {a["local"] for link in json.loads(shown or "[]") for a in link["addr_info"]}
+    routed = set()
+    for family in ("-4", "-6"):
+        argv = ["ip", "-j", family, "route", "show", "table", "local", "proto", "145"]
+        routed |= {r["dst"] for r in json.loads(tb.exec(tb.node, argv).stdout or "[]")}
+    return on_dummy, routed
+
+
+def test_switching_the_setting_between_restarts_leaves_nothing_of_the_other_way(
+    tb: Testbed, tmp_path: Path
+) -> None:
+    """A restart with the other lace.ipvs.serviceAddresses adopts IPVS as it is (nothing
+    flushed) and moves every service address over, the new way's first, so each stays
+    local: lace-ipvs0 goes when the addresses become local routes, the routes go when they
+    are the interface's again; cleanup leaves neither."""
+    addresses = {VIP4, VIP6, LB4}
+    pods = {"pod1", "pod2", "pod3"}
+
+    def restart(name: str, local_routes: bool) -> Harness:
+        settings = IpvsSettings(local_routes=local_routes)
+        proxy = Harness(tb, tmp_path / name, mode="ipvs", ipvs=settings)
+        proxy.write("web", *web(tb))
+        proxy.sync(full=True)
+        for address, port in ((VIP4, 80), (VIP6, 80), (LB4, 80), (UPLINK_NODE4, 30080)):
+            assert set(names(many(tb.client, address, port, n=9))) == pods, (name, address)
+        return proxy
+
+    restart("interface", False)
+    assert held_locally(tb) == (addresses, set())
+    before = ipvsadm(tb)
+    routed = restart("routes", True)
+    assert held_locally(tb) == (set(), addresses)
+    assert DUMMY not in tb.exec(tb.node, ["ip", "-o", "link"]).stdout
+    assert ipvsadm(tb) == before  # adopted: no virtual or real server changed
+    routed.sync(full=True)
+    assert routed.backend.last_changes == 0  # type: ignore[union-attr]
+    restart("interface-again", False)
+    assert held_locally(tb) == (addresses, set())
+    assert ipvsadm(tb) == before
+    routed_again = restart("routes-again", True)  # its cleanup removes either way's
+    assert held_locally(tb) == (set(), addresses)
+    tb.exec(tb.node, ["ip", "link", "add", DUMMY, "type", "dummy"])
+    tb.exec(tb.node, ["ip", "addr", "add", f"{VIP4}/32", "dev", DUMMY])
+    routed_again.close()
+    assert held_locally(tb) == (set(), set())
+    assert DUMMY not in tb.exec(tb.node, ["ip", "-o", "link"]).stdout
+    assert not [key for key in ipvsadm(tb) if VIP4 in key or UPLINK_NODE4 in key]

@@ -56,3 +56,32 @@ def test_cleanup_kube_proxy_removes_its_ipvs_state(tb: Testbed) -> None:
     )
     assert again.returncode == 0, again.stderr
     assert "skipped  kube-ipvs0: not present" in again.stdout
+
+
+@pytest.mark.parametrize("addresses", ["interface", "localRoutes"])
+def test_with_lace_proxys_ipvs_mode_in_place_its_state_and_node_ports_stay(
+    tb: Testbed, addresses: str
+) -> None:
+    """lace-proxy's IPVS mode is in place (lace-ipvs0, or its local routes): the NodePorts on
+    the node's addresses are left to it (it owns that range too, and its next full sync
+    rewrites them), and so are its service addresses and their virtual services."""
+    sh = tb.exec
+    mine = "10.96.0.61"
+    sh(tb.node, ["ip", "link", "add", "kube-ipvs0", "type", "dummy"])
+    sh(tb.node, ["ip", "addr", "add", f"{VIP}/32", "dev", "kube-ipvs0"])
+    if addresses == "interface":
+        sh(tb.node, ["ip", "link", "add", "lace-ipvs0", "type", "dummy"])
+        sh(tb.node, ["ip", "addr", "add", f"{mine}/32", "dev", "lace-ipvs0"])
+    else:
+        where = ["dev", "lo", "table", "local", "proto", "145"]
+        sh(tb.node, ["ip", "route", "add", "local", f"{mine}/32", *where])
+    for vs in (f"{VIP}:80", f"{UPLINK_NODE4}:30080", f"{mine}:80"):
+        sh(tb.node, ["ipvsadm", "-A", "-t", vs, "-s", "rr"])
+    try:
+        done = sh(tb.node, [sys.executable, "-m", "lace_proxy", "cleanup", "--kube-proxy"])
+        assert "removed  kube-ipvs0 and 1 IPVS virtual services" in done.stdout, done.stdout
+        assert _services(tb) == {f"TCP {UPLINK_NODE4}:30080", f"TCP {mine}:80"}
+        local = sh(tb.node, ["ip", "route", "show", "table", "local", mine]).stdout
+        assert f"local {mine} dev" in local, local
+    finally:
+        sh(tb.node, ["ip", "link", "del", "lace-ipvs0"], check=False)
