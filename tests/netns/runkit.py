@@ -51,7 +51,6 @@ def run_argv(tb: Testbed, folder: Path, mode: str, state_socket: Path) -> list[s
     return lace_proxy(
         tb,
         "run",
-        *config,
         "--manifests",
         str(folder),
         "--hostname-override",
@@ -66,6 +65,7 @@ def run_argv(tb: Testbed, folder: Path, mode: str, state_socket: Path) -> list[s
         mode,
         "--state-socket",
         str(state_socket),
+        *config,
     )
 
 

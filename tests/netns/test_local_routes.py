@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from collections.abc import Iterator
+import sys
 
 import pytest
 
@@ -136,14 +136,11 @@ def add_stand_in(tb: Testbed) -> None:
 
 
 @pytest.fixture
-def stand_in(testbed: Testbed) -> Iterator[Testbed]:
-    """The node with a veth standing in for the dummy interface (add_stand_in)."""
+def stand_in(testbed: Testbed) -> Testbed:
+    """The node with a veth standing in for the dummy interface (add_stand_in); gone with
+    the testbed's namespaces."""
     add_stand_in(testbed)
-    sh = testbed.exec
-    try:
-        yield testbed
-    finally:
-        sh(testbed.node, ["ip", "link", "del", STAND_IN], check=False)
+    return testbed
 
 
 def on_stand_in(tb: Testbed) -> set[str]:
@@ -209,3 +206,24 @@ def test_the_other_way_stays_while_this_way_is_refused_an_address(stand_in: Test
     assert on_stand_in(tb) == wanted  # still local by the interface
     assert switch(tb, True, wanted)[:2] == (1 + 1 + 2, [])
     assert set(ours(tb)) == wanted and on_stand_in(tb) == set()
+
+
+def test_cleanup_removes_the_service_addresses_either_way_and_nothing_else(
+    stand_in: Testbed,
+) -> None:
+    """`lace-proxy cleanup` removes lace-ipvs0 and every local route of lace-proxy's, whatever
+    the setting that made them; another protocol's route stays. The addresses go before the
+    virtual services on them, so even without IPVS in the kernel (this host's)."""
+    tb = stand_in
+    tb.exec(tb.node, ["ip", "addr", "add", "10.96.0.70/32", "dev", STAND_IN])
+    where = ["dev", "lo", "table", "local"]
+    for address, protocol in (("10.96.0.71/32", "145"), ("10.96.0.72/32", "146")):
+        tb.exec(tb.node, ["ip", "route", "add", "local", address, *where, "proto", protocol])
+    tb.exec(
+        tb.node, ["ip", "-6", "route", "add", "local", "fd00:96::71/128", *where, "proto", "145"]
+    )
+    tb.exec(tb.node, [sys.executable, "-m", "lace_proxy", "cleanup"])
+    assert ours(tb) == {}
+    assert STAND_IN not in tb.exec(tb.node, ["ip", "-o", "link"]).stdout
+    kept = tb.exec(tb.node, ["ip", "route", "show", "table", "local", "proto", "146"]).stdout
+    assert "10.96.0.72" in kept
