@@ -1,7 +1,8 @@
 """IPVS mode against nftables mode: cold programming and one endpoint change, in the IPVS VM.
 
     python bench/bench_ipvs.py [--sizes 1000,10000] [--endpoints 10] [--changes 30]
-                               [--timeout 300] [--profile] [--json]
+                               [--addresses interface,localRoutes] [--timeout 300]
+                               [--profile] [--json]
 
 This host's kernel has no IPVS, so the script boots the test VM once (tests/vm/harness.py:
 qemu TCG, Debian's cloud kernel, this checkout and virtualenv shared read-only) and runs
@@ -18,24 +19,28 @@ The service table comes from bench_scale.make_cluster (same generator, same seed
 - nftables mode: `NftablesBackend.full_sync` cold, then N single-endpoint changes through
   upsert slice -> build -> apply -> commit (median, p99);
 - IPVS mode: `IpvsBackend(IpvsSettings(), NftablesBackend(translate=False), ...)`, the same
-  cold full_sync and the same changes; the time is split into nftables and IPVS parts, the
-  IPVS part into the dummy interface's addresses and the virtual services with their real
-  servers (functions and methods of lace_proxy.dataplane.ipvs are wrapped with timers in the
-  measuring process only), and into Python (user) and kernel (sys) CPU;
+  cold full_sync and the same changes, once for each way of making service addresses local
+  (`--addresses`, both by default: `interface`, the dummy interface's addresses as
+  kube-proxy's, and `localRoutes`, local routes in the local table; lace.ipvs.
+  serviceAddresses); the time is split into nftables and IPVS parts, the IPVS part into the
+  service addresses and the virtual services with their real servers (functions and methods
+  of lace_proxy.dataplane.ipvs are wrapped with timers in the measuring process only), and
+  into Python (user) and kernel (sys) CPU;
 - then two full syncs with nothing changed: the periodic one (the changeset applied after
   a check of what a few requests show, as the proxy's reconcile runs between verified ones)
   and a verified one (everything read back, as every `verify_every`-th, the one after a
   failure and a restart's adoption).
 
 A discarded warm-up (50 services, both modes) first makes the kernel load its nf_tables
-modules. `ipvsadm -Ln` and the dummy's addresses are counted after the cold sync and compared
-with what IPVS mode's `Wanted` says. A cold or full sync still running after `--timeout` s is
-interrupted; the report gives what was programmed by then and the rate-based prediction (at
-10k services the IPVS cold sync took ~14 min in the VM before the IPVS codec, ~2.5 min since,
-most of it the dummy interface's addresses, ~30 s since those go in batches too).
-`--profile` adds a cProfile run of the IPVS cold sync at the smallest size. `--worker` alone
-runs the measurement on the machine it is started on (root, a kernel with IPVS) and prints
-the JSON result line.
+modules. `ipvsadm -Ln` and the service addresses (the dummy's, or the local routes) are
+counted after the cold sync and compared with what IPVS mode's `Wanted` says; the report ends
+with each IPVS way's ratios to nftables mode (in --json: "summary"). A cold or full sync
+still running after `--timeout` s is interrupted; the report gives what was programmed by
+then and the rate-based prediction (at 10k services the IPVS cold sync took ~14 min in the
+VM before the IPVS codec, ~2.5 min since, most of it the dummy interface's addresses, ~30 s
+since those go in batches too). `--profile` adds a cProfile run of the IPVS cold sync at
+the smallest size, for each way. `--worker` alone runs the measurement on the machine it is
+started on (root, a kernel with IPVS) and prints the JSON result line.
 
 Benchmarks never assert. TCG emulates every guest instruction: absolute figures are many
 times slower than on hardware; the IPVS/nftables ratio, measured side by side, is the point.
@@ -71,8 +76,10 @@ from bench_scale import (
     make_cluster,
 )
 
+from lace_proxy.config import SERVICE_ADDRESSES
 from lace_proxy.dataplane.ipvs import IpvsBackend, IpvsSettings, Wanted, addresses_of
 from lace_proxy.dataplane.ipvs.addresses import AddressChannel
+from lace_proxy.dataplane.ipvs.model import ROUTE_PROTOCOL
 from lace_proxy.dataplane.ipvs.netlink import IpvsChannel
 from lace_proxy.dataplane.nft import Nft
 from lace_proxy.dataplane.nftables.backend import NftablesBackend
@@ -160,18 +167,25 @@ def ipvs_held(netns: str | None) -> tuple[int, int]:
     return services, servers
 
 
-def dummy_addresses(netns: str | None, interface: str) -> int:
-    out = subprocess.run(
-        [*_in_ns(netns), "ip", "-o", "addr", "show", "dev", interface],
-        check=False,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return len(out.splitlines())
+def service_addresses(netns: str | None, local_routes: bool) -> int:
+    """The service addresses the namespace holds: the dummy's, or the local routes'."""
+    if local_routes:
+        shown = ["route", "show", "table", "local", "proto", str(ROUTE_PROTOCOL)]
+        argvs = [["ip", "-4", *shown], ["ip", "-6", *shown]]
+    else:
+        argvs = [["ip", "-o", "addr", "show", "dev", IpvsSettings().interface]]
+    return sum(
+        len(
+            subprocess.run(
+                [*_in_ns(netns), *argv], check=False, capture_output=True, text=True
+            ).stdout.splitlines()
+        )
+        for argv in argvs
+    )
 
 
 def expected_ipvs(plans: list[Any]) -> dict[str, int]:
-    """What Wanted says the plans need: virtual services, real servers, dummy addresses."""
+    """What Wanted says the plans need: virtual services, real servers, service addresses."""
     wanted = Wanted((NODE_ADDRESS,), IpvsSettings().scheduler)
     addresses: set[str] = set()
     for plan in plans:
@@ -226,6 +240,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "plans": len(plans),
         "netns_per_call": netns is not None,
     }
+    local_routes = args.ways[0] == "localRoutes"
 
     phases = Phases()
     settings = {"cluster_cidrs": (POD_CIDR,)}
@@ -234,11 +249,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         backend: Any = nft
     else:
         nft = NftablesBackend(NftablesSettings(translate=False, **settings), Nft(netns))
-        backend = IpvsBackend(IpvsSettings(), nft, netns=netns)
+        backend = IpvsBackend(IpvsSettings(local_routes=local_routes), nft, netns=netns)
+        out["addresses"] = args.ways[0]
         # Timers around the IPVS backend's kernel work (this process only).
         for name in ("services", "servers_of"):  # IPVS read back: netlink dumps
             setattr(IpvsChannel, name, phases.wrap("dump", getattr(IpvsChannel, name)))
-        for name in ("addresses", "add", "delete"):  # the dummy's: dumped, added, deleted
+        # The service addresses, either way: dumped, added, deleted.
+        for name in ("addresses", "add", "delete", "local_routes", "add_routes", "delete_routes"):
             setattr(AddressChannel, name, phases.wrap("addresses", getattr(AddressChannel, name)))
         backend._converge = phases.wrap("services", backend._converge)
         out["expected"] = expected_ipvs(plans)
@@ -278,7 +295,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         cold["held"] = {
             "services": held_services,
             "servers": held_servers,
-            "addresses": dummy_addresses(netns, IpvsSettings().interface),
+            "addresses": service_addresses(netns, local_routes),
         }
         if not finished and "services" in phases.first:
             # Predict from the rate of the virtual-service phase (the bulk of the work).
@@ -404,9 +421,11 @@ def _oom_note() -> str:
 
 
 def run_measure(
-    size: int, mode: str, args: argparse.Namespace, profile: bool = False
+    size: int, variant: str, args: argparse.Namespace, profile: bool = False
 ) -> dict[str, Any]:
-    """One `--measure` process in a namespace made for it (and deleted afterwards)."""
+    """One `--measure` process in a namespace made for it (and deleted afterwards), for one
+    variant: nftables mode, or IPVS mode with one way of making service addresses local."""
+    mode = "nftables" if variant == "nftables" else "ipvs"
     netns = f"lacebench-ipvs-{os.getpid()}"
     make_namespace(netns)
     cmd = [
@@ -414,6 +433,7 @@ def run_measure(
         str(Path(__file__).resolve()),
         "--measure",
         mode,
+        *(["--addresses", variant] if mode == "ipvs" else []),
         "--size",
         str(size),
         "--endpoints",
@@ -435,16 +455,28 @@ def run_measure(
             cmd, capture_output=True, text=True, check=False, timeout=3 * args.timeout + 600
         )
     except subprocess.TimeoutExpired:
-        return {"size": size, "mode": mode, "error": "the measuring process hung: killed"}
+        return {**_named(size, variant), "error": "the measuring process hung: killed"}
     finally:
         subprocess.run(["ip", "netns", "del", netns], check=False)
     took = time.monotonic() - t0
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
-        return {"size": size, "mode": mode, "error": f"exit {proc.returncode}: {proc.stderr}"}
+        return {**_named(size, variant), "error": f"exit {proc.returncode}: {proc.stderr}"}
     result = json.loads(lines[-1])
     result["process_s"] = took
     return result
+
+
+def _named(size: int, variant: str) -> dict[str, Any]:
+    """What names a measurement: its size, mode and (IPVS mode) way of service addresses."""
+    if variant == "nftables":
+        return {"size": size, "mode": "nftables"}
+    return {"size": size, "mode": "ipvs", "addresses": variant}
+
+
+def variant_of(result: dict[str, Any]) -> str:
+    """A measurement's variant: "nftables", or IPVS mode's way of service addresses."""
+    return str(result.get("addresses", "nftables")) if result["mode"] == "ipvs" else "nftables"
 
 
 def guest(args: argparse.Namespace) -> int:
@@ -457,13 +489,14 @@ def guest(args: argparse.Namespace) -> int:
     # mode came first.
     print("... warm-up: 50 services, both modes (discarded)", file=log, flush=True)
     warm = argparse.Namespace(**{**vars(args), "changes": 1, "resync": False})
-    for mode in MODES:
-        run_measure(50, mode, warm)
+    variants = ["nftables", *args.ways]
+    for variant in ("nftables", args.ways[0]):
+        run_measure(50, variant, warm)
     results = []
     for size in args.size_list:
-        for mode in MODES:
-            print(f"... {size} services, {mode}", file=log, flush=True)
-            r = run_measure(size, mode, args)
+        for variant in variants:
+            print(f"... {size} services, {variant}", file=log, flush=True)
+            r = run_measure(size, variant, args)
             cold = r.get("cold", {})
             print(
                 f"    cold {cold.get('wall_s', 0):.1f} s"
@@ -473,11 +506,12 @@ def guest(args: argparse.Namespace) -> int:
                 flush=True,
             )
             results.append(r)
-    profile = None
+    profiles = []
     if args.profile:  # a run of its own: the profiler slows Python down about twofold
         size = args.size_list[0]
-        print(f"... {size} services, ipvs, cold sync under cProfile", file=log, flush=True)
-        profile = run_measure(size, "ipvs", args, profile=True)
+        for way in args.ways:
+            print(f"... {size} services, ipvs {way}, cold sync under cProfile", file=log)
+            profiles.append(run_measure(size, way, args, profile=True))
     data = {
         "kernel": kernel,
         "cpus": os.cpu_count(),
@@ -485,10 +519,11 @@ def guest(args: argparse.Namespace) -> int:
         "table": IMPLEMENTATION,
         "endpoints": args.endpoints,
         "sizes": args.size_list,
+        "ways": args.ways,
         "timeout_s": args.timeout,
         "netns_per_call": args.netns_per_call,
         "results": results,
-        "profile": profile,
+        "profiles": profiles,
         "guest_s": time.monotonic() - t0,
     }
     print(MARK + json.dumps(data), flush=True)
@@ -514,12 +549,15 @@ def host(args: argparse.Namespace) -> int:
         str(args.changes),
         "--timeout",
         str(args.timeout),
+        "--addresses",
+        ",".join(args.ways),
         *(["--no-resync"] if not args.resync else []),
         *(["--profile"] if args.profile else []),
         *(["--netns-per-call"] if args.netns_per_call else []),
     ]
     # A safety net only: every sync is bounded by --timeout inside the VM.
-    deadline = 300 + len(args.size_list) * len(MODES) * (2 * args.timeout + 600)
+    runs = len(args.size_list) * (1 + len(args.ways))
+    deadline = 300 + runs * (2 * args.timeout + 600)
     print(
         f"bench_ipvs: booting the IPVS VM (qemu TCG) for {args.sizes} services; this takes minutes",
         file=sys.stderr,
@@ -545,6 +583,7 @@ def host(args: argparse.Namespace) -> int:
     data["boot_s"] = result.boot_seconds
     data["total_s"] = time.monotonic() - t0
     data["commit"] = commit
+    data["summary"] = summarize(data)
     if args.json:
         print(json.dumps(data, indent=2))
     else:
@@ -578,32 +617,45 @@ def _why_not(r: dict[str, Any]) -> str:
 
 
 def _ratio(a: float | None, b: float | None) -> str:
-    return f"{a / b:.1f}x" if a is not None and b else "-"
+    return f"{a / b:.2f}x" if a is not None and b else "-"
 
 
-def summarize(data: dict[str, Any]) -> dict[int, dict[str, Any]]:
-    """Per size: the headline figures of both modes and the ratios."""
-    by = {(r["size"], r["mode"]): r for r in data["results"]}
-    out: dict[int, dict[str, Any]] = {}
+#: How the report names IPVS mode with each way of making service addresses local.
+WAY_NAMES = {"interface": "IPVS iface", "localRoutes": "IPVS routes"}
+
+
+def summarize(data: dict[str, Any]) -> dict[str, dict[str, dict[str, float | None]]]:
+    """Per size and IPVS way: cold sync, one change's median and the full syncs with nothing
+    changed, in seconds, against nftables mode's (the ratios)."""
+    by = {(r["size"], variant_of(r)): r for r in data["results"]}
+    out: dict[str, dict[str, dict[str, float | None]]] = {}
     for size in data["sizes"]:
-        n, i = by.get((size, "nftables"), {}), by.get((size, "ipvs"), {})
-        row: dict[str, Any] = {}
-        for key, r in (("nft", n), ("ipvs", i)):
-            cold = r.get("cold", {})
-            row[f"{key}_cold_s"] = cold.get("wall_s") if cold.get("finished") else None
-            row[f"{key}_cold_predicted_s"] = cold.get("predicted_s")
-            row[f"{key}_change_s"] = r.get("change", {}).get("median_s")
-            row[f"{key}_change_p99_s"] = r.get("change", {}).get("p99_s")
-        for what in ("cold", "change"):
-            a, b = row[f"ipvs_{what}_s"], row[f"nft_{what}_s"]
-            row[f"ratio_{what}"] = a / b if a is not None and b else None
-        out[size] = row
+        n = by.get((size, "nftables"), {})
+        for way in data["ways"]:
+            i = by.get((size, way), {})
+            row: dict[str, float | None] = {}
+            for what, key in (
+                ("cold", "wall_s"),
+                ("change", "median_s"),
+                ("periodic", "wall_s"),
+                ("resync", "wall_s"),
+            ):
+                a, b = (_finished(r.get(what, {}), key) for r in (i, n))
+                row[f"ipvs_{what}_s"], row[f"nft_{what}_s"] = a, b
+                row[f"ratio_{what}"] = a / b if a is not None and b else None
+            out.setdefault(str(size), {})[way] = row
     return out
+
+
+def _finished(part: dict[str, Any], key: str) -> float | None:
+    """A measurement's figure, if it finished (a change has no `finished`: always)."""
+    return part.get(key) if part.get("finished", True) else None
 
 
 def print_report(data: dict[str, Any]) -> None:
     w = print
-    by = {(r["size"], r["mode"]): r for r in data["results"]}
+    by = {(r["size"], variant_of(r)): r for r in data["results"]}
+    ways = data["ways"]
     w(
         f"lace-proxy IPVS benchmark: IPVS mode vs nftables mode, {data['endpoints']} "
         "endpoints/service, in the test VM"
@@ -618,64 +670,79 @@ def print_report(data: dict[str, Any]) -> None:
     )
     how = "namespace named per call" if data["netns_per_call"] else "process inside it"
     w(f"  each (size, mode) in a fresh network namespace ({how}); checkout {data.get('commit')}")
+    w(
+        "  IPVS mode's service addresses: "
+        + "; ".join(
+            {
+                "interface": "IPVS iface = on the dummy interface (lace.ipvs.serviceAddresses "
+                "interface, kube-proxy's way)",
+                "localRoutes": "IPVS routes = local routes in the local table (localRoutes)",
+            }[way]
+            for way in ways
+        )
+    )
     for r in data["results"]:
+        name = f"{r['size']} {WAY_NAMES.get(variant_of(r), 'nftables')}"
         if "error" in r:
-            w(f"  {r['size']} {r['mode']}: FAILED: {r['error'].strip()}")
+            w(f"  {name}: FAILED: {r['error'].strip()}")
         if "error_after_cold" in r:
             w(
-                f"  {r['size']} {r['mode']}: stopped after the cold sync: "
+                f"  {name}: stopped after the cold sync: "
                 f"{r['error_after_cold']} (peak RSS: Python {r['rss_mib']['self']:.0f} MiB, "
                 f"nft {r['rss_mib']['nft']:.0f} MiB; the VM has 1 GiB)"
             )
     w("")
     w("Cold programming: full_sync into the empty namespace")
     w(
-        f"{'services':>8} {'plans':>6}  {'nftables':>9}  {'IPVS mode':>9} = {'nft':>8} + "
-        f"{'IPVS':>8}  {'IPVS/nft':>8}   IPVS part: {'addresses':>9} {'services':>9} "
-        f"{'user':>8} {'sys':>8} {'ops':>7}"
+        f"{'services':>8} {'plans':>6} {'mode':<11} {'cold':>9} = {'nft':>8} + {'IPVS':>8}  "
+        f"{'/nftables':>9}   IPVS part: {'addresses':>9} {'services':>9} {'user':>8} "
+        f"{'sys':>8} {'ops':>7}"
     )
     for size in data["sizes"]:
-        n, i = by.get((size, "nftables"), {}), by.get((size, "ipvs"), {})
-        if "cold" not in n or "cold" not in i:
+        n = by.get((size, "nftables"), {})
+        if "cold" not in n:
             continue
-        nc, ic = n["cold"], i["cold"]
+        nc = n["cold"]
         nft_cold = fmt_t(nc["wall_s"]) if nc["finished"] else f">{fmt_t(nc['wall_s'])}"
-        if ic["finished"]:
-            ipvs_cold, ratio = fmt_t(ic["wall_s"]), _ratio(ic["wall_s"], nc["wall_s"])
-        else:
-            ipvs_cold, ratio = f">{fmt_t(ic['wall_s'])}", f">{_ratio(ic['wall_s'], nc['wall_s'])}"
-        w(
-            f"{size:>8} {n['plans']:>6}  {nft_cold:>9}  {ipvs_cold:>9} = "
-            f"{fmt_t(ic['nft_s']):>8} + {fmt_t(ic['ipvs_s']):>8}  {ratio:>8}   "
-            f"{'':>11}{fmt_t(ic['addresses_s']):>9} {fmt_t(ic['services_s']):>9} "
-            f"{fmt_t(ic['ipvs_user_s']):>8} {fmt_t(ic['ipvs_sys_s']):>8} "
-            f"{ic['ops'] if ic['ops'] is not None else '-':>7}"
-        )
-        if not ic["finished"]:
-            held, exp = ic["held"], i["expected"]
-            predicted = ic.get("predicted_s")
+        w(f"{size:>8} {n['plans']:>6} {'nftables':<11} {nft_cold:>9}")
+        for way in ways:
+            i = by.get((size, way), {})
+            if "cold" not in i:
+                continue
+            ic = i["cold"]
+            late = "" if ic["finished"] else ">"
             w(
-                f"{'':>8} IPVS interrupted at --timeout {data['timeout_s']:.0f} s: "
-                f"{held['services']} of {exp['services']} virtual services, {held['servers']} "
-                f"of {exp['servers']} real servers programmed"
-                + (
-                    f"; at that rate ~{fmt_t(predicted)} in all, "
-                    f"~{_ratio(predicted, nc['wall_s'])} nftables"
-                    if predicted
-                    else ""
+                f"{'':>8} {'':>6} {WAY_NAMES[way]:<11} {late + fmt_t(ic['wall_s']):>9} = "
+                f"{fmt_t(ic['nft_s']):>8} + {fmt_t(ic['ipvs_s']):>8}  "
+                f"{late + _ratio(ic['wall_s'], nc['wall_s']):>9}   {'':>11}"
+                f"{fmt_t(ic['addresses_s']):>9} {fmt_t(ic['services_s']):>9} "
+                f"{fmt_t(ic['ipvs_user_s']):>8} {fmt_t(ic['ipvs_sys_s']):>8} "
+                f"{ic['ops'] if ic['ops'] is not None else '-':>7}"
+            )
+            if not ic["finished"]:
+                held, exp = ic["held"], i["expected"]
+                predicted = ic.get("predicted_s")
+                w(
+                    f"{'':>27} interrupted at --timeout {data['timeout_s']:.0f} s: "
+                    f"{held['services']} of {exp['services']} virtual services, "
+                    f"{held['servers']} of {exp['servers']} real servers programmed"
+                    + (
+                        f"; at that rate ~{fmt_t(predicted)} in all, "
+                        f"~{_ratio(predicted, nc['wall_s'])} nftables"
+                        if predicted
+                        else ""
+                    )
                 )
-            )
-    for size in data["sizes"]:
-        ic = by.get((size, "ipvs"), {}).get("cold", {})
-        if "addresses_user_s" in ic:
-            w(
-                f"{size:>8}  IPVS part's CPU, user / sys: addresses "
-                f"{fmt_t(ic['addresses_user_s'])} / {fmt_t(ic['addresses_sys_s'])}, services "
-                f"{fmt_t(ic['services_user_s'])} / {fmt_t(ic['services_sys_s'])}"
-            )
+            if "addresses_user_s" in ic:
+                w(
+                    f"{'':>27} IPVS part's CPU, user / sys: addresses "
+                    f"{fmt_t(ic['addresses_user_s'])} / {fmt_t(ic['addresses_sys_s'])}, "
+                    f"services {fmt_t(ic['services_user_s'])} / {fmt_t(ic['services_sys_s'])}"
+                )
     w(
-        "  IPVS part: addresses = the dummy interface's addresses, services = virtual services "
-        "and real servers; user/sys = this process's CPU in Python / in the kernel"
+        "  IPVS part: addresses = the service addresses (the dummy's, or the local routes), "
+        "services = virtual services and real servers; user/sys = this process's CPU in "
+        "Python / in the kernel"
     )
     w("")
     runs = next((r["change"]["runs"] for r in data["results"] if "change" in r), 0)
@@ -684,28 +751,25 @@ def print_report(data: dict[str, Any]) -> None:
         f"median [p99] of {runs}"
     )
     w(
-        f"{'services':>8}  {'nftables':>9} {'[p99]':>9}  {'IPVS mode':>9} {'[p99]':>9} = "
-        f"{'nft':>8} + {'IPVS':>8}  {'IPVS/nft':>8}  {'IPVS ops':>8}"
+        f"{'services':>8} {'mode':<11} {'median':>9} {'[p99]':>9} = {'nft':>8} + {'IPVS':>8}  "
+        f"{'/nftables':>9}  {'IPVS ops':>8}"
     )
     for size in data["sizes"]:
-        n, i = by.get((size, "nftables"), {}), by.get((size, "ipvs"), {})
-        if "change" not in n and "change" not in i:
-            continue
-        row = f"{size:>8}  "
-        if "change" in n:
-            row += f"{fmt_t(n['change']['median_s']):>9} {fmt_t(n['change']['p99_s']):>9}  "
-        else:
-            row += f"{'-':>9} {'-':>9}  "
-        if "change" in i:
-            nc, ic = n.get("change", {}), i["change"]
-            row += (
-                f"{fmt_t(ic['median_s']):>9} {fmt_t(ic['p99_s']):>9} = {fmt_t(ic['nft_s']):>8} + "
-                f"{fmt_t(ic['ipvs_s']):>8}  {_ratio(ic['median_s'], nc.get('median_s')):>8}  "
-                f"{ic['ipvs_ops']:>8.0f}"
+        n = by.get((size, "nftables"), {})
+        nc = n.get("change", {})
+        if nc:
+            w(f"{size:>8} {'nftables':<11} {fmt_t(nc['median_s']):>9} {fmt_t(nc['p99_s']):>9}")
+        for way in ways:
+            i = by.get((size, way), {})
+            if "change" not in i:
+                w(f"{size:>8} {WAY_NAMES[way]:<11} {'-':>9}   ({_why_not(i)})")
+                continue
+            ic = i["change"]
+            w(
+                f"{size:>8} {WAY_NAMES[way]:<11} {fmt_t(ic['median_s']):>9} "
+                f"{fmt_t(ic['p99_s']):>9} = {fmt_t(ic['nft_s']):>8} + {fmt_t(ic['ipvs_s']):>8}  "
+                f"{_ratio(ic['median_s'], nc.get('median_s')):>9}  {ic['ipvs_ops']:>8.0f}"
             )
-        else:
-            row += f"{'-':>9}   (IPVS: {_why_not(i)})"
-        w(row)
     titles = {
         "periodic": "Periodic full sync, nothing changed (changes applied, the structure checked)",
         "resync": "Verified full sync, nothing changed (everything read back, as every "
@@ -715,30 +779,43 @@ def print_report(data: dict[str, Any]) -> None:
         if any(key in r for r in data["results"]):
             _resync_table(w, data, by, key, title)
     w("")
-    w("Sanity after the cold sync: ipvsadm -Ln and the dummy's addresses vs Wanted")
+    w("Sanity after the cold sync: ipvsadm -Ln and the service addresses vs Wanted")
     for size in data["sizes"]:
-        i = by.get((size, "ipvs"), {})
-        if "cold" not in i:
+        for way in ways:
+            i = by.get((size, way), {})
+            if "cold" not in i:
+                continue
+            held, exp = i["cold"]["held"], i["expected"]
+            status = (
+                "match"
+                if held == exp
+                else ("partial (interrupted)" if not i["cold"]["finished"] else "MISMATCH")
+            )
+            w(
+                f"{size:>8} {WAY_NAMES[way]:<11} virtual services {held['services']}/"
+                f"{exp['services']}, real servers {held['servers']}/{exp['servers']}, "
+                f"addresses {held['addresses']}/{exp['addresses']}: {status}"
+            )
+    for r in data.get("profiles", []):
+        if "profile" not in r:
             continue
-        held, exp = i["cold"]["held"], i["expected"]
-        same = held == exp
-        status = (
-            "match"
-            if same
-            else ("partial (interrupted)" if not i["cold"]["finished"] else "MISMATCH")
-        )
-        w(
-            f"{size:>8}  virtual services {held['services']}/{exp['services']}, real servers "
-            f"{held['servers']}/{exp['servers']}, addresses {held['addresses']}/"
-            f"{exp['addresses']}: {status}"
-        )
-    if (r := data.get("profile")) and "profile" in r:
         w("")
         w(
-            f"cProfile of the IPVS cold sync at {r['size']} services, a run of its own "
-            f"({fmt_t(r['cold']['wall_s'])} under the profiler, whose cost is per Python call):"
+            f"cProfile of the {WAY_NAMES[variant_of(r)]} cold sync at {r['size']} services, a "
+            f"run of its own ({fmt_t(r['cold']['wall_s'])} under the profiler, whose cost is "
+            "per Python call):"
         )
         w(r["profile"].rstrip())
+    w("")
+    w("IPVS mode / nftables mode (issue 31: the cold sync at 10k within 1.5x)")
+    w(f"{'services':>8} {'mode':<11} {'cold':>9} {'change':>9} {'periodic':>9} {'verified':>9}")
+    for size, row in summarize(data).items():
+        for way, figures in row.items():
+            ratios = [
+                _ratio(figures[f"ipvs_{what}_s"], figures[f"nft_{what}_s"])
+                for what in ("cold", "change", "periodic", "resync")
+            ]
+            w(f"{size:>8} {WAY_NAMES[way]:<11} " + " ".join(f"{r:>9}" for r in ratios))
     w("")
     w(
         f"VM: boot {data.get('boot_s', 0):.1f} s, measurements {data['guest_s']:.0f} s, "
@@ -757,36 +834,34 @@ def _resync_table(
     w("")
     w(title)
     w(
-        f"{'services':>8}  {'nftables':>9}  {'IPVS mode':>9} = {'nft':>8} + {'IPVS':>8}   "
-        f"IPVS part: {'dump':>8} {'diff':>8} {'addresses':>9} {'other':>8}  {'IPVS ops':>8}"
+        f"{'services':>8} {'mode':<11} {'wall':>9} = {'nft':>8} + {'IPVS':>8}  {'/nftables':>9}"
+        f"   IPVS part: {'dump':>8} {'diff':>8} {'addresses':>9} {'other':>8}  {'IPVS ops':>8}"
     )
     for size in data["sizes"]:
-        n, i = by.get((size, "nftables"), {}), by.get((size, "ipvs"), {})
-        if key not in n and key not in i:
-            continue
-        row = f"{size:>8}  "
+        n = by.get((size, "nftables"), {})
         if key in n:
             late = "" if n[key]["finished"] else ">"
-            row += f"{late + fmt_t(n[key]['wall_s']):>9}  "
-        else:
-            row += f"{'-':>9}  "
-        if key in i:
+            w(f"{size:>8} {'nftables':<11} {late + fmt_t(n[key]['wall_s']):>9}")
+        for way in data["ways"]:
+            i = by.get((size, way), {})
+            if key not in i:
+                w(f"{size:>8} {WAY_NAMES[way]:<11} {'-':>9}   ({_why_not(i)})")
+                continue
             ir = i[key]
             late = "" if ir["finished"] else " (interrupted)"
-            row += (
-                f"{fmt_t(ir['wall_s']):>9} = {fmt_t(ir['nft_s']):>8} + "
-                f"{fmt_t(ir['ipvs_s']):>8}   {'':>11}{fmt_t(ir['dump_s']):>8} "
-                f"{fmt_t(ir['services_s']):>8} {fmt_t(ir.get('addresses_s')):>9} "
-                f"{fmt_t(ir.get('other_s')):>8}  "
+            ratio = _ratio(ir["wall_s"], n.get(key, {}).get("wall_s"))
+            w(
+                f"{size:>8} {WAY_NAMES[way]:<11} {fmt_t(ir['wall_s']):>9} = "
+                f"{fmt_t(ir['nft_s']):>8} + {fmt_t(ir['ipvs_s']):>8}  {ratio:>9}   {'':>11}"
+                f"{fmt_t(ir['dump_s']):>8} {fmt_t(ir['services_s']):>8} "
+                f"{fmt_t(ir.get('addresses_s')):>9} {fmt_t(ir.get('other_s')):>8}  "
                 f"{ir['ops'] if ir['ops'] is not None else '-':>8}{late}"
             )
-        else:
-            row += f"{'-':>9}   (IPVS: {_why_not(i)})"
-        w(row)
     w(
         "  dump = reading IPVS back (netlink dumps: the services, each one's real servers), "
-        "diff = converging, addresses = the namespace's addresses dumped (the dummy's, the "
-        "node's); IPVS ops > 0 means the diff against the dump was not empty"
+        "diff = converging, addresses = the service addresses read back (the namespace's "
+        "addresses, the local routes); IPVS ops > 0 means the diff against the dump was not "
+        "empty"
     )
 
 
@@ -818,6 +893,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also cProfile an IPVS cold sync at the smallest size (one more run)",
     )
+    parser.add_argument(
+        "--addresses",
+        default=",".join(SERVICE_ADDRESSES),
+        help="IPVS mode's ways of making service addresses local to measure, comma-separated "
+        "(lace.ipvs.serviceAddresses: interface, localRoutes; default: both)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     parser.add_argument("-v", "--verbose", action="store_true", help="show the VM job's log")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -826,6 +907,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--netns", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.size_list = sorted(int(s) for s in args.sizes.split(",") if s.strip())
+    args.ways = [w.strip() for w in args.addresses.split(",") if w.strip()]
+    if not args.ways or set(args.ways) - set(SERVICE_ADDRESSES):
+        parser.error(f"--addresses: a comma-separated choice of {', '.join(SERVICE_ADDRESSES)}")
 
     if args.measure:
         print(json.dumps(measure(args)), flush=True)
