@@ -443,10 +443,12 @@ class IpvsBackend:
         """One virtual service to `want`, as requests in `batch`: its UDP real servers to
         delete go to `udp_gone`, the requests setting others with connections (`busy`) to
         weight 0 to `zeroed`; the rest are deleted."""
-        if have is None:
+        if have is None:  # all of a cold sync's: nothing held, nothing draining
+            self._terminating.pop(vs, None)
             batch.add_service(vs, want)
-            have = Target(want.scheduler, want.persistence, frozenset())
-        elif (have.scheduler, have.persistence) != (want.scheduler, want.persistence):
+            _add_servers(batch, vs, sorted(want.servers))
+            return
+        if (have.scheduler, have.persistence) != (want.scheduler, want.persistence):
             batch.change_service(vs, want)
         draining = self._terminating.get(vs, {})
         new = sorted(want.servers - have.servers)
@@ -455,8 +457,7 @@ class IpvsBackend:
                 del draining[server]  # back before it was deleted
                 batch.change_server(vs, server, 1)
             new = [server for server in new if server not in draining]
-        for server in batch.add_servers(vs, new, 1):  # in one codec call
-            log.warning("IPVS %s: real server %s is not a unicast address; skipped", vs, server)
+        _add_servers(batch, vs, new)
         for server in sorted(have.servers - want.servers):
             if vs.protocol == "UDP":
                 udp_gone.append((vs, server))  # deleted at once: udp.py
@@ -529,6 +530,12 @@ class IpvsBackend:
         self._programmed.clear()
         self._terminating.clear()
         return len(batch) - len(refused)
+
+
+def _add_servers(batch: Batch, vs: VirtualServer, servers: list[tuple[str, int]]) -> None:
+    """New real servers at weight 1, in one codec call; those IPVS would refuse are logged."""
+    for server in batch.add_servers(vs, servers, 1):
+        log.warning("IPVS %s: real server %s is not a unicast address; skipped", vs, server)
 
 
 def _raise_if(failed: list[str]) -> None:

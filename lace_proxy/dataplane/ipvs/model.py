@@ -8,12 +8,15 @@ import math
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import NamedTuple
 
 from lace_proxy.table import Backend, Plan
 
 PROTOCOLS = {"TCP": socket.IPPROTO_TCP, "UDP": socket.IPPROTO_UDP, "SCTP": 132}
 PERSISTENT = 0x0001  # IP_VS_SVC_F_PERSISTENT
+#: A backend's real server: (ip, port), read in C (a cold sync reads 127k at 10k services).
+_SERVER = attrgetter("ip", "port")
 #: The protocol number of every route lace-proxy makes for a service address (`ip route show
 #: table local proto 145`), by which it finds them. The kernel reserves 0-4 and interprets
 #: none above; iproute2's rt_protos names 8-18, 42, 99 and 186-192 (routing daemons), FRR
@@ -106,15 +109,20 @@ def render(
     scheduler = getattr(plan, "scheduler", "") or default_scheduler
 
     def target(backends: Iterable[Backend], verdict: str | None) -> Target:
-        servers = frozenset() if verdict else frozenset((b.ip, b.port) for b in backends)
+        servers = frozenset() if verdict else frozenset(map(_SERVER, backends))
         return Target(scheduler, plan.affinity_timeout, servers)
 
-    internal = target(plan.internal_backends, plan.internal_verdict)
+    internal_backends = plan.internal_backends
+    internal = target(internal_backends, plan.internal_verdict)
     out = [(VirtualServer(plan.protocol, plan.cluster_ip, plan.port), 0, internal)]
     externals = (*plan.external_ips, *plan.lb_ips)
     if not externals and not plan.node_port:  # most plans: no external frontend to render
         return out
-    external = target(plan.external_backends, plan.external_verdict)
+    external_backends = plan.external_backends
+    if external_backends is internal_backends and plan.external_verdict == plan.internal_verdict:
+        external = internal  # both policies Cluster (most): the same target, made once
+    else:
+        external = target(external_backends, plan.external_verdict)
     for address in externals:
         out.append((VirtualServer(plan.protocol, address, plan.port), 0, external))
     if plan.node_port:
@@ -176,6 +184,9 @@ class Wanted:
         wants = self._wants.get(vs)
         if not wants:
             return None
+        if len(wants) == 1:  # almost every virtual service: one plan renders it
+            ((_, target),) = wants.values()
+            return target
         _, _, target = min((rank, pid, t) for pid, (rank, t) in wants.items())
         return target
 

@@ -306,8 +306,9 @@ class Renderer(Skeleton):
         v = f"v{plan.family}"
         proto = plan.protocol.lower()
         key = f"{proto} . {plan.port}"
-        cluster = _ordered(plan.cluster_backends)
-        local = _ordered(plan.local_backends)
+        # In order for the endpoint maps' indices; under IPVS (no maps) only counted.
+        order = _ordered if self.s.translate else list
+        cluster, local = order(plan.cluster_backends), order(plan.local_backends)
 
         def endpoints(kind: str, frontend: str, backends: list[Backend]) -> None:
             """The frontend's I-th backend in KIND's endpoint map I, and the frontend in
