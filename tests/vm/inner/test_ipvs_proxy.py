@@ -312,6 +312,23 @@ def test_a_service_deleted_while_a_server_drains_and_node_ports_out_of_range(
     assert not [key for key in ipvsadm(tb) if key.endswith(":20080")]
 
 
+def test_ipvs_cleared_while_a_server_drains_comes_back_whole(proxy: Harness, tb: Testbed) -> None:
+    """IPVS is cleared behind the proxy's back (`ipvsadm -C`) while a real server drains:
+    the next full sync reads IPVS back and adds each virtual service anew with every real
+    server wanted, the one that was draining among them, instead of asking IPVS to reweight
+    a real server it no longer holds (a refusal: that sync failed)."""
+    key = f"TCP {VIP4}:80"
+    proxy.write("web", *web(tb))
+    proxy.sync()
+    drop_the_third_endpoint(proxy, tb)
+    assert dict(ipvsadm(tb)[key][1]).get("10.251.0.13:8080") == 0  # draining
+    tb.exec(tb.node, ["ipvsadm", "-C"])
+    proxy.write("web", *web(tb))  # pod3 is back
+    proxy.sync(full=True)
+    assert ipvsadm(tb)[key][1] == {(f"10.251.0.{n}:8080", 1) for n in (11, 12, 13)}
+    assert set(names(many(tb.client, VIP4, 80, n=12))) == {"pod1", "pod2", "pod3"}
+
+
 def test_an_external_ip_on_a_node_address_wins_over_a_node_port_and_hands_it_back(
     proxy: Harness, tb: Testbed
 ) -> None:
