@@ -459,12 +459,39 @@ def run_measure(
     finally:
         subprocess.run(["ip", "netns", "del", netns], check=False)
     took = time.monotonic() - t0
+    settled = settle()
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         return {**_named(size, variant), "error": f"exit {proc.returncode}: {proc.stderr}"}
     result = json.loads(lines[-1])
     result["process_s"] = took
+    result["settle_s"] = settled
     return result
+
+
+def _busy_jiffies() -> tuple[int, int]:
+    """The machine's CPU time so far, (busy, all), in jiffies (/proc/stat's first line)."""
+    with open("/proc/stat") as stat:
+        fields = [int(v) for v in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def settle(quiet: float = 0.1, window: float = 0.25, limit: float = 120.0) -> float:
+    """Wait until the machine is idle (busy under `quiet` of a `window`, twice running):
+    the kernel tears a deleted namespace down afterwards (cleanup_net, a workqueue), on the
+    VM's one vCPU, and that must not count against the next measurement (at 10k services it
+    was done within ~1 s each time). Returns the seconds waited ("settle_s")."""
+    start = time.monotonic()
+    calm = 0
+    busy, total = _busy_jiffies()
+    while calm < 2 and time.monotonic() - start < limit:
+        time.sleep(window)
+        busy2, total2 = _busy_jiffies()
+        share = (busy2 - busy) / max(1, total2 - total)
+        calm = calm + 1 if share < quiet else 0
+        busy, total = busy2, total2
+    return time.monotonic() - start
 
 
 def _named(size: int, variant: str) -> dict[str, Any]:
@@ -501,7 +528,8 @@ def guest(args: argparse.Namespace) -> int:
             print(
                 f"    cold {cold.get('wall_s', 0):.1f} s"
                 f"{'' if cold.get('finished', True) else ' (interrupted)'}, "
-                f"process {r.get('process_s', 0):.1f} s {r.get('error', '')}",
+                f"process {r.get('process_s', 0):.1f} s, then idle after"
+                f" {r.get('settle_s', 0):.1f} s {r.get('error', '')}",
                 file=log,
                 flush=True,
             )
