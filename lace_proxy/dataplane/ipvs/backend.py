@@ -292,16 +292,21 @@ class IpvsBackend:
         channel = self._ipvs()
         held_services = {}
         ours = set(refs) | held | local.other  # also the addresses of services deleted meanwhile
+        # What drains is what IPVS holds at weight 0, as read now: a real server left by a
+        # previous process is finished too; one IPVS lost behind our back (`ipvsadm -C`) is
+        # forgotten, so the diff adds it anew. Known deadlines are kept.
+        terminating: dict[VirtualServer, dict[tuple[str, int], float]] = {}
         for vs, (target, draining) in kernel.dump(channel).items():
             # Ours: by address, wanted now, or made by this process (e.g. a NodePort on an
             # address the node no longer has).
             made = vs in self._programmed and not self._excluded(vs.address)
             if vs in desired or self._owns(vs, ours) or made:
                 held_services[vs] = target
-                for server in draining:  # e.g. left by a previous process: finish them
-                    self._terminating.setdefault(vs, {}).setdefault(
-                        server, now + self.settings.grace_period
-                    )
+                if draining:
+                    known = self._terminating.get(vs, {})
+                    deadline = now + self.settings.grace_period
+                    terminating[vs] = {s: known.get(s, deadline) for s in draining}
+        self._terminating = terminating
         try:
             count += self._converge(channel, held_services, desired)
         finally:
@@ -443,8 +448,7 @@ class IpvsBackend:
         """One virtual service to `want`, as requests in `batch`: its UDP real servers to
         delete go to `udp_gone`, the requests setting others with connections (`busy`) to
         weight 0 to `zeroed`; the rest are deleted."""
-        if have is None:  # all of a cold sync's: nothing held, nothing draining
-            self._terminating.pop(vs, None)
+        if have is None:  # all of a cold sync's: nothing held, so nothing drains
             batch.add_service(vs, want)
             _add_servers(batch, vs, sorted(want.servers))
             return
