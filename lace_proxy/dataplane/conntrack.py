@@ -147,10 +147,11 @@ def _untranslated(
 
 
 #: Endpoint maps of the nftables table, by the frontend kind their keys start with.
-#: The nftables table's endpoint maps, one per index: MAP-I-vF (nftables/shared.py).
-_ENDPOINT_MAP = re.compile(r"^((?:nodeport-)?(?:local-)?endpoints)-[0-9]+-v([46])$")
-#: Its sets of the frontends with N endpoints: MAP-count-N-vF.
-_COUNT_SET = re.compile(r"^(?:nodeport-)?(?:local-)?endpoints-count-[0-9]+-v([46])$")
+#: The nftables table's endpoint maps, one per index: MAP-I-vF (nftables/shared.py), -pK a
+#: part's (nftables/parts.py).
+_ENDPOINT_MAP = re.compile(r"^((?:nodeport-)?(?:local-)?endpoints)-[0-9]+-v([46])(?:-p\d+)?$")
+#: Its sets of the frontends with N endpoints: MAP-count-N-vF(-pK).
+_COUNT_SET = re.compile(r"^(?:nodeport-)?(?:local-)?endpoints-count-[0-9]+-v([46])(?:-p\d+)?$")
 
 
 def stale_udp_filters_by_elements(

@@ -11,6 +11,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
+from lace_proxy.dataplane.nftables import parts
 from lace_proxy.dataplane.nftables.kernel import KernelState
 from lace_proxy.dataplane.nftables.render import Rendered, Renderer, element_key, name_hash
 from lace_proxy.dataplane.nftables.skeleton import FRONTEND_KINDS, NO_ENDPOINT_SETS, NODEPORT_KINDS
@@ -105,7 +106,7 @@ def check_kernel(e: Explanation, kernel: KernelState | None, table: str) -> Expl
         )
     missing, wrong, right = [], [], []
     for x in e.expects:
-        holders = [c for c in x.containers if c in kernel.elements]
+        holders = [h for c in x.containers for h in parts.holders(c, kernel.elements)]
         holding = [c for c in holders if _holds(kernel.elements[c], x)]
         held = bool(holding)
         where = "/".join(x.containers)

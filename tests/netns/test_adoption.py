@@ -38,9 +38,15 @@ def tb(make_testbed: Callable[..., Testbed]) -> Testbed:
     return make_testbed(pods=3)
 
 
-def proxy(tb: Testbed, folder: Path, verify_every: int = 1) -> tuple[Harness, RecordingNft]:
+#: The table whole, and its biggest containers split in four (parts.py), as at scale.
+PARTS = pytest.mark.parametrize("parts", [0, 4], ids=["whole", "split"])
+
+
+def proxy(
+    tb: Testbed, folder: Path, verify_every: int = 1, parts: int = 0
+) -> tuple[Harness, RecordingNft]:
     """A proxy pipeline as a freshly started process has it, recording its transactions."""
-    harness = Harness(tb, folder, verify_every=verify_every)
+    harness = Harness(tb, folder, verify_every=verify_every, parts=parts)
     recorder = RecordingNft(tb.node.ns.name)
     harness.nft.nft = recorder
     return harness, recorder
@@ -121,11 +127,14 @@ def kernel(backend: NftablesBackend) -> Any:
     return state
 
 
-def test_a_restart_with_nothing_changed_sends_nothing(tb: Testbed, tmp_path: Path) -> None:
-    first, _ = proxy(tb, tmp_path / "m")
+@PARTS
+def test_a_restart_with_nothing_changed_sends_nothing(
+    tb: Testbed, tmp_path: Path, parts: int
+) -> None:
+    first, _ = proxy(tb, tmp_path / "m", parts=parts)
     program(first, every_kind(tb))
     before = kernel(first.nft)
-    second, recorder = proxy(tb, tmp_path / "m")
+    second, recorder = proxy(tb, tmp_path / "m", parts=parts)
     second.sync()
     assert recorder.applied == [], recorder.applied[0].lines()[:20]
     assert kernel(second.nft) == before
@@ -134,8 +143,11 @@ def test_a_restart_with_nothing_changed_sends_nothing(tb: Testbed, tmp_path: Pat
     assert recorder.applied == []
 
 
-def test_a_restart_after_changes_programs_only_the_difference(tb: Testbed, tmp_path: Path) -> None:
-    first, _ = proxy(tb, tmp_path / "m")
+@PARTS
+def test_a_restart_after_changes_programs_only_the_difference(
+    tb: Testbed, tmp_path: Path, parts: int
+) -> None:
+    first, _ = proxy(tb, tmp_path / "m", parts=parts)
     objects = every_kind(tb)
     program(first, objects)
     # While "down": web loses an endpoint, sticky's IPv6 side loses one, empty is deleted,
@@ -150,7 +162,7 @@ def test_a_restart_after_changes_programs_only_the_difference(tb: Testbed, tmp_p
     first.write("sticky", *objects[3][1][:2], endpoints("sticky", pods[:2], v6=True))
     first.remove("empty")
     first.write("new", service("new", ["10.96.0.16"]), endpoints("new", pods[2:]))
-    second, recorder = proxy(tb, tmp_path / "m")
+    second, recorder = proxy(tb, tmp_path / "m", parts=parts)
     second.sync()
     (tx,) = recorder.applied
     text = tx.text()
@@ -165,7 +177,7 @@ def test_a_restart_after_changes_programs_only_the_difference(tb: Testbed, tmp_p
     # The adopted table is exactly what a proxy starting on an empty kernel programs.
     adopted = kernel(second.nft)
     second.nft.cleanup()
-    third, _ = proxy(tb, tmp_path / "m")
+    third, _ = proxy(tb, tmp_path / "m", parts=parts)
     third.sync()
     assert kernel(third.nft) == adopted
     assert set(names([request_tcp(tb.client, VIP4, 80) for _ in range(30)])) == {"pod1", "pod2"}

@@ -48,10 +48,14 @@ def node_object() -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-def node(make_testbed: Callable[..., Testbed], tmp_path: Path) -> Iterator[Harness]:
+@pytest.fixture(params=[0, 4], ids=["whole", "split"])
+def node(
+    request: pytest.FixtureRequest, make_testbed: Callable[..., Testbed], tmp_path: Path
+) -> Iterator[Harness]:
+    """The node's proxy, its table whole or its biggest containers split in four (explain
+    looks a frontend up in each part)."""
     tb = make_testbed(pods=2)
-    proxy = Harness(tb, tmp_path / "manifests")
+    proxy = Harness(tb, tmp_path / "manifests", parts=request.param)
     try:
         svc = service("web", [VIP], type="NodePort", node_port=NODE_PORT)
         proxy.write("web", svc, endpoints("web", tb.pods))

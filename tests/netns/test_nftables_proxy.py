@@ -15,6 +15,7 @@ import pytest
 
 from lace_proxy.app import nftables_settings
 from lace_proxy.config import load_config
+from lace_proxy.dataplane.nftables.parts import holders
 from lace_proxy.demo.testbed import (
     CLIENT4,
     CLIENT6,
@@ -68,14 +69,18 @@ def tb(make_testbed: Callable[..., Testbed]) -> Testbed:
     return make_testbed(pods=3)
 
 
-@pytest.fixture(params=MODES)
+@pytest.fixture(params=[*MODES, "split"])
 def proxy(request: pytest.FixtureRequest, tb: Testbed, tmp_path: Path) -> Iterator[Harness]:
-    """The proxy in each mode: nftables here, IPVS inside the VM (tests/vm)."""
+    """The proxy in each mode: nftables here, IPVS inside the VM (tests/vm); "split" is
+    nftables mode with its biggest containers split in four, as at scale (parts.py)."""
     mode = request.param
     marker = request.node.get_closest_marker("nftables_only")
     if mode == "ipvs" and marker is not None:
         pytest.skip(f"nftables mode only: {marker.args[0]}")
-    harness = Harness(tb, tmp_path / "manifests", mode=mode)
+    if mode == "split":
+        harness = Harness(tb, tmp_path / "manifests", parts=4)
+    else:
+        harness = Harness(tb, tmp_path / "manifests", mode=mode)
     yield harness
     harness.close()
 
@@ -426,7 +431,8 @@ def test_manifest_edits_change_the_kernel(proxy: Harness) -> None:
     assert request_tcp(tb.client, VIP4, 81).outcome == "escaped"
     state = proxy.backend.read_back()
     assert state is not None
-    assert not any(state.elements[m] for m in ("frontends-lb-v4", "cluster-ips-v4"))
+    held = [h for m in ("frontends-lb-v4", "cluster-ips-v4") for h in holders(m, state.elements)]
+    assert held and not any(state.elements[h] for h in held)
     assert not [c for c in state.chains if c.startswith(("svc-", "ep-"))]
 
 

@@ -24,6 +24,9 @@ from .tablekit import ep, eps, svc
 
 NODE = "node-a"
 SETTINGS = NftablesSettings(cluster_cidrs=("10.244.0.0/16",))
+#: The same with the biggest containers split in four (parts.py), as at scale.
+SPLIT = NftablesSettings(cluster_cidrs=("10.244.0.0/16",), parts=4)
+LAYOUTS = pytest.mark.parametrize("settings", [SETTINGS, SPLIT], ids=["whole", "split"])
 T = "inet lace-proxy"
 VIP = "10.96.0.10"
 
@@ -32,11 +35,18 @@ class Node:
     """A node's service table and nftables backend on a fake kernel, synced by hand as the
     proxier syncs them."""
 
-    def __init__(self, nft: FakeNft | None = None, *, verify_every: int = 1) -> None:
+    def __init__(
+        self,
+        nft: FakeNft | None = None,
+        *,
+        verify_every: int = 1,
+        settings: NftablesSettings = SETTINGS,
+    ) -> None:
         self.nft = nft if nft is not None else FakeNft()
         self.verify_every = verify_every
+        self.settings = settings
         self.table = ServiceTable(NODE)
-        self.backend = NftablesBackend(SETTINGS, self.nft, verify_every=verify_every)
+        self.backend = NftablesBackend(settings, self.nft, verify_every=verify_every)
         self.objects: dict[tuple[str, str], Service | EndpointSlice] = {}
 
     def put(self, *objects: Service | EndpointSlice) -> None:
@@ -69,7 +79,11 @@ class Node:
     def restarted(self, nft: FakeNft | None = None) -> Node:
         """A new process: the same objects, a backend that remembers nothing, on this node's
         kernel (or on `nft`)."""
-        node = Node(nft if nft is not None else self.nft, verify_every=self.verify_every)
+        node = Node(
+            nft if nft is not None else self.nft,
+            verify_every=self.verify_every,
+            settings=self.settings,
+        )
         node.put(*self.objects.values())
         return node
 
@@ -125,8 +139,9 @@ def test_an_endpoint_change_sends_only_its_elements() -> None:
     assert node.kernel() == fresh_kernel(node)
 
 
-def test_a_full_sync_of_the_table_as_programmed_sends_nothing() -> None:
-    node = Node()
+@LAYOUTS
+def test_a_full_sync_of_the_table_as_programmed_sends_nothing(settings: NftablesSettings) -> None:
+    node = Node(settings=settings)
     node.put(*web("10.244.1.10", "10.244.2.10"))
     node.put(*web("10.244.1.11", name="sticky", vip="10.96.0.11", session_affinity=True))
     node.put(svc("lonely", ips=("10.96.0.12", "fd00:96::12")))
@@ -337,7 +352,10 @@ def test_a_table_of_another_skeleton_is_rewritten_in_one_batch() -> None:
     assert restarted.restarted().sync(full=True) == []
 
 
-def test_incremental_syncs_leave_the_table_a_full_sync_makes_from_scratch() -> None:
+@LAYOUTS
+def test_incremental_syncs_leave_the_table_a_full_sync_makes_from_scratch(
+    settings: NftablesSettings,
+) -> None:
     """Random changes of services of every kind but ClientIP affinity (whose ids depend on
     the history by design), each programmed by `apply`, compared with a new process's
     table after each."""
@@ -358,7 +376,7 @@ def test_incremental_syncs_leave_the_table_a_full_sync_makes_from_scratch() -> N
         },
         {"external_ips": ("192.0.2.4",), "internal_traffic_policy": "Local"},
     ]
-    node = Node()
+    node = Node(settings=settings)
     node.sync(full=True)
     for _ in range(40):
         i = rng.randrange(len(kinds))

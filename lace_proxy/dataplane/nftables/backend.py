@@ -34,6 +34,7 @@ from lace_proxy.dataplane.conntrack import (
     stale_udp_filters_by_elements,
 )
 from lace_proxy.dataplane.nft import Nft
+from lace_proxy.dataplane.nftables import parts
 from lace_proxy.dataplane.nftables.affinity import IdAdoption, backend_set, needs_id
 from lace_proxy.dataplane.nftables.kernel import KernelState, canonical, rule_hash
 from lace_proxy.dataplane.nftables.render import Rendered, Renderer, element_key, name_hash
@@ -121,6 +122,7 @@ class NftablesBackend:
             and self._trusted
             and changes is not None
             and self._since_verified + 1 < self.verify_every
+            and self.settings.parts_for(len(plans), self.renderer.parts) == self.renderer.parts
         ):
             count = self.apply(changes, layout)
             kernel = KernelState.read(self.nft, self.family, self.table, elements=False)
@@ -137,6 +139,8 @@ class NftablesBackend:
     ) -> int:
         """full_sync with every element read back (see there)."""
         kernel = KernelState.read(self.nft, self.family, self.table, elements=True)
+        held = self.renderer.parts if kernel is None else parts.count(kernel.containers)
+        self.renderer.use_parts(self.settings.parts_for(len(plans), held))
         adoption = None
         if kernel is not None and not self._synced:
             ids = self.renderer.affinity_ids
@@ -231,7 +235,7 @@ class NftablesBackend:
                     before = self.renderer.render(plan)
                     if adoption.revise(plan):
                         after = self.renderer.render(plan)
-                        _replace(merged.elements, before, after)
+                        merged.swap(before, after)
                         wanted.update((c, merged.elements[c]) for c in merged.elements)
                 adoption = None
             kind = kernel.containers.get(container)
@@ -580,18 +584,6 @@ def _chain_order(name: str) -> tuple[int, str]:
 
 def _endpoint_maps_first(container: str) -> tuple[bool, str]:
     return ENDPOINT_MAP.match(container) is None, container
-
-
-def _replace(elements: dict[str, set[str]], before: Rendered, after: Rendered) -> None:
-    """A plan's elements as rendered `after`, in place of those `before` (a new affinity
-    id): elements a plan renders for itself alone (not its shared ones), endpoint maps
-    aside (deferred in a full sync's table, and the same whatever the id)."""
-    for container, values in before.elements.items():
-        if not ENDPOINT_MAP.match(container):
-            elements.get(container, set()).difference_update(values)
-    for container, values in after.elements.items():
-        if not ENDPOINT_MAP.match(container):
-            elements.setdefault(container, set()).update(values)
 
 
 def _dynamic(container: str) -> bool:

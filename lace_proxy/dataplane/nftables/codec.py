@@ -96,12 +96,15 @@ def _layouts(family: int) -> dict[str, Layout]:
 
 _BY_NAME = {f"{name}-v{fam}": lay for fam in (4, 6) for name, lay in _layouts(fam).items()}
 _REACH = re.compile(r"^reach-(nodeports-)?[a-z2-7]+-v([46])$")
+#: A part of a split container (parts.py): its layout is the container's.
+_PART = re.compile(r"^(.+-v[46])-p[0-9]+$")
 
 
 def layout(container: str) -> Layout | None:
     """The layout of one of our maps or sets; None for one the codec does not write (the
     packet path's own state: affinity-vF, aff-*)."""
-    found = _BY_NAME.get(container)
+    part = _PART.match(container)
+    found = _BY_NAME.get(container if part is None else part[1])
     if found is not None:
         return found
     counted = NEED_SET.match(container) or ENDPOINT_MAP.match(container)

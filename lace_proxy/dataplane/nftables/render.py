@@ -18,6 +18,9 @@ and anonymous sets bound in rules cost quadratically when many are loaded at onc
   `numgen random`; the I-th endpoint is in the map `endpoints-I-v4`. A frontend without
   endpoints is in no count set: it falls through untranslated, and the filter chains
   reject or drop it (`no-endpoint-reject-v4`, ...).
+- At scale the containers every ClusterIP frontend is in (`cluster-ips`, `frontends-lb`,
+  `lb`'s count sets and endpoint maps) are split into parts by the frontend address's low
+  bits (parts.py: `endpoints-0-v4-p3`), so that the kernel reads each back in linear time.
 - Hairpin traffic (a pod reaching itself through a service) is masqueraded in postrouting
   by the set `hairpin-v4` of `endpoint . endpoint` pairs: this node's endpoints only (as
   kube-proxy's IPVS mode and kube-router), since only those can send to themselves here.
@@ -50,6 +53,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from lace_proxy.dataplane.nftables import parts
 from lace_proxy.dataplane.nftables.affinity import AffinityIds
 from lace_proxy.dataplane.nftables.settings import NftablesSettings
 from lace_proxy.dataplane.nftables.shared import COUNTED, ENDPOINT_MAP, SharedChains
@@ -96,7 +100,7 @@ class Rendered:
     # services): the backend counts references and programs each once.
     shared: set[tuple[str, str]] = field(default_factory=set)
     needs: set[str] = field(default_factory=set)  # counts and affinity timeouts used
-    # A full sync's table defers its endpoint maps (70% of its elements): (map, "vF") ->
+    # A full sync's table defers its endpoint maps (70% of its elements): (map, suffix) ->
     # endpoint count -> each frontend with its ordered backends; their elements are made one
     # map at a time (endpoint_elements), so that the table's are never all held as strings.
     deferred: dict[tuple[str, str], dict[int, list[tuple[str, list[Backend]]]]] | None = None
@@ -117,13 +121,25 @@ class Rendered:
         match = ENDPOINT_MAP.match(container)
         assert match is not None and self.deferred is not None
         index = int(match[2])
+        suffix = parts.tag(int(match[3]), None if match[4] is None else int(match[4]))
         out = set()
-        for count, frontends in self.deferred.get((match[1], f"v{match[3]}"), {}).items():
+        for count, frontends in self.deferred.get((match[1], suffix), {}).items():
             if count > index:
                 for frontend, backends in frontends:
                     b = backends[index]
                     out.add(f"{frontend} : {b.ip} . {b.port}")
         return out
+
+    def swap(self, before: Rendered, after: Rendered) -> None:
+        """A plan's elements as rendered `after`, in place of those `before` (a new affinity
+        id): elements a plan renders for itself alone (not its shared ones), endpoint maps
+        aside (deferred in a full sync's table, and the same whatever the id)."""
+        for container, values in before.elements.items():
+            if not ENDPOINT_MAP.match(container):
+                self.elements.get(container, set()).difference_update(values)
+        for container, values in after.elements.items():
+            if not ENDPOINT_MAP.match(container):
+                self.elements.setdefault(container, set()).update(values)
 
     def merge(self, other: Rendered) -> None:
         """Add `other`'s objects: several plans' (and the layout's) make one table."""
@@ -144,6 +160,16 @@ class Renderer(Skeleton):
         self.affinity_ids = AffinityIds()
         self.shared = SharedChains(settings)
 
+    def use_parts(self, count: int) -> None:
+        """Split the biggest containers into `count` parts from now on (parts.py)."""
+        self.parts = self.shared.parts = count
+
+    def part_tag(self, family: int, address: str) -> str:
+        """The suffix of a split container that holds `address`'s frontends."""
+        if self.parts == 1:
+            return f"v{family}"
+        return parts.tag(family, parts.part_of(address, self.parts))
+
     def render(self, plan: Plan, into: Rendered | None = None) -> Rendered:
         """The plan's objects (its affinity id, if it needs one, assigned already).
 
@@ -155,7 +181,8 @@ class Renderer(Skeleton):
         shared: set[tuple[str, str]] = set()
         fam = plan.family
         v = f"v{fam}"
-        shared.add((f"cluster-ips-{v}", plan.cluster_ip))
+        part = self.part_tag(fam, plan.cluster_ip)
+        shared.add((f"cluster-ips-{part}", plan.cluster_ip))
         for b in (*plan.cluster_backends, *plan.local_backends):
             if b.local:  # only a pod of this node can reach itself through this node
                 shared.add((f"hairpin-{v}", f"{b.ip} . {b.ip}"))
@@ -164,7 +191,7 @@ class Renderer(Skeleton):
             # (rare), and IPv6 affinity (nft 1.0.6 cannot record an IPv6 address . port).
             self._render_chained(plan, out)
         else:
-            self._render_data(plan, out)
+            self._render_data(plan, out, part)
         if plan.lb_ips and plan.lb_source_ranges and not allows_all(plan.lb_source_ranges):
             key = f"{plan.protocol.lower()} . {plan.port}"
             sources = plan.lb_source_ranges
@@ -272,9 +299,10 @@ class Renderer(Skeleton):
         # anyway (the address is local), so it is refused as unroutable there.
         unproxied = "accept" if self.s.translate else UNROUTED
         out.chains["unproxied"] = tuple(
-            f"{ip_keyword(fam)} daddr @cluster-ips-v{fam}"
+            f"{g}{ip_keyword(fam)} daddr @cluster-ips-{t}"
             f" {ip_keyword(fam)} daddr != @service-cidrs-v{fam} {unproxied}"
             for fam in FAMILIES
+            for g, t in self.split(fam)
         )
         for network in layout.networks:
             h = name_hash(network)
@@ -300,9 +328,10 @@ class Renderer(Skeleton):
             out.element(f"source-networks-v{fam}", f"{span} : goto from-{name_hash(network)}")
         return out
 
-    def _render_data(self, plan: Plan, out: Rendered) -> None:
+    def _render_data(self, plan: Plan, out: Rendered, part: str) -> None:
         """A service port as elements: a dispatch element per frontend that only the
-        service's spec decides, and its endpoints with their count as data."""
+        service's spec decides, and its endpoints with their count as data; `part` is the
+        suffix of the split containers that hold its ClusterIP's frontend."""
         v = f"v{plan.family}"
         proto = plan.protocol.lower()
         key = f"{proto} . {plan.port}"
@@ -310,22 +339,23 @@ class Renderer(Skeleton):
         order = _ordered if self.s.translate else list
         cluster, local = order(plan.cluster_backends), order(plan.local_backends)
 
-        def endpoints(kind: str, frontend: str, backends: list[Backend]) -> None:
+        def endpoints(kind: str, frontend: str, backends: list[Backend], t: str = v) -> None:
             """The frontend's I-th backend in KIND's endpoint map I, and the frontend in
-            the set of its count (which picks the chain's rule that chooses among them).
-            Not under IPVS, which translates: nothing would look them up."""
+            the set of its count (which picks the chain's rule that chooses among them),
+            the containers' suffix `t` (`lb`'s: the frontend's part). Not under IPVS,
+            which translates: nothing would look them up."""
             if not self.s.translate:
                 return
             m = COUNTED[kind]
             if out.deferred is not None:
                 if backends:
-                    by_count = out.deferred.setdefault((m, v), {})
+                    by_count = out.deferred.setdefault((m, t), {})
                     by_count.setdefault(len(backends), []).append((frontend, backends))
             else:
                 for i, b in enumerate(backends):
-                    out.element(f"{m}-{i}-{v}", f"{frontend} : {b.ip} . {b.port}")
+                    out.element(f"{m}-{i}-{t}", f"{frontend} : {b.ip} . {b.port}")
             if backends:
-                out.element(f"{m}-count-{len(backends)}-{v}", frontend)
+                out.element(f"{m}-count-{len(backends)}-{t}", frontend)
                 out.needs.add(f"{kind}-{v}-{len(backends)}")
 
         # ClientIP affinity: the "a" chains mark the connection with the plan's affinity id
@@ -340,9 +370,9 @@ class Renderer(Skeleton):
 
         internal = local if plan.internal_local else cluster
         cluster_key = f"{plan.cluster_ip} . {key}"
-        out.element(f"frontends-{a}lb-{v}", cluster_key)
+        out.element(f"frontends-alb-{v}" if affinity else f"frontends-lb-{part}", cluster_key)
         if plan.internal_verdict is None and internal:
-            endpoints("lb", cluster_key, internal)
+            endpoints("lb", cluster_key, internal, part)
             if affinity:
                 out.element(f"affinity-ids-{v}", f"{cluster_key} : {aid}")
         else:
@@ -376,7 +406,7 @@ class Renderer(Skeleton):
                 continue
             if plan.external_local:
                 endpoints("xl", frontend, local)
-            endpoints("lb", frontend, cluster)
+            endpoints("lb", frontend, cluster, self.part_tag(plan.family, address))
             if affinity:
                 out.element(f"affinity-ids-{v}", f"{frontend} : {aid}")
         if plan.node_port:

@@ -11,6 +11,8 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
+from lace_proxy.dataplane.nftables.parts import MAX_PARTS, PART_SIZE, parts_for
+
 #: An nftables table name that needs no quoting.
 TABLE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
 #: An interface name prefix (matched as `prefix*`) that needs no quoting.
@@ -39,6 +41,16 @@ class NftablesSettings:
     # False in IPVS mode: IPVS translates (and remembers ClientIP affinity); nftables only
     # filters, marks for masquerade and enforces the network model.
     translate: bool = True
+    # The parts of the biggest containers (parts.py): 0 for as many as the service ports
+    # need at `part_size` each; else exactly this many (a power of two), as tests split a
+    # small table.
+    parts: int = 0
+    part_size: int = PART_SIZE
+
+    def parts_for(self, ports: int, current: int) -> int:
+        """The parts of the biggest containers for `ports` service ports, split `current`
+        ways now."""
+        return self.parts or parts_for(ports, current, self.part_size)
 
     def __post_init__(self) -> None:
         if not TABLE_NAME.match(self.table):
@@ -48,6 +60,10 @@ class NftablesSettings:
                 f"interface prefix {self.pod_interface_prefix!r}: only letters, digits, "
                 "'.', '_' and '-' (at most 15) can be used in nftables rules"
             )
+        if self.part_size < 1:
+            raise ValueError(f"part size {self.part_size} is not positive")
+        if self.parts and (self.parts > MAX_PARTS or self.parts & (self.parts - 1)):
+            raise ValueError(f"parts {self.parts}: not a power of two up to {MAX_PARTS}")
         if not 0 <= self.masquerade_bit <= 31:
             raise ValueError(f"masqueradeBit {self.masquerade_bit} is not in 0-31")
         for cidr in (*self.cluster_cidrs, *self.node_port_cidrs, *self.service_cidrs):

@@ -19,12 +19,18 @@ cannot add a rule for once read back from the kernel. ClientIP affinity records 
 connection's endpoint in `arec-vF`, one rule per timeout, matching the affinity ids in
 `affinity-timeout-T-vF`. A count or timeout in use is a "need" (KIND-vF-N); its rules, sets
 and maps exist once made.
+
+`lb`'s sets and maps hold every ClusterIP frontend: with the table split into parts
+(parts.py) they are made per part (`endpoints-count-N-vF-pK`, `endpoints-I-vF-pK`), `lb-vF`
+goes to the part's counting chain `lb-vF-pK`, and a pick chain DNATs by the map of the
+destination's part.
 """
 
 from __future__ import annotations
 
 import re
 
+from lace_proxy.dataplane.nftables import parts
 from lace_proxy.dataplane.nftables.settings import NftablesSettings
 from lace_proxy.dataplane.nftables.skeleton import FAMILIES, addr_type, family_cidrs, ip_keyword
 
@@ -43,10 +49,10 @@ PRECREATED_COUNTS = 16
 #: of T seconds (its rule and the set of the affinity ids with that timeout).
 NEED = re.compile(r"^(lb|xl|npc|npl|arec)-v([46])-([0-9]+)$")
 _MAPS = "|".join(COUNTED.values())
-#: The sets that stand for a need: MAP-count-N-vF, affinity-timeout-T-vF.
-NEED_SET = re.compile(rf"^(?:({_MAPS})-count|affinity-timeout)-([0-9]+)-v([46])$")
-#: The endpoint maps by index: MAP-I-vF.
-ENDPOINT_MAP = re.compile(rf"^({_MAPS})-([0-9]+)-v([46])$")
+#: The sets that stand for a need: MAP-count-N-vF (-pK: a part's), affinity-timeout-T-vF.
+NEED_SET = re.compile(rf"^(?:({_MAPS})-count|affinity-timeout)-([0-9]+)-v([46])(?:-p[0-9]+)?$")
+#: The endpoint maps by index: MAP-I-vF, and MAP-I-vF-pK a part's.
+ENDPOINT_MAP = re.compile(rf"^({_MAPS})-([0-9]+)-v([46])(?:-p([0-9]+))?$")
 
 
 class SharedChains:
@@ -59,6 +65,7 @@ class SharedChains:
         self.has_cluster_cidrs = {
             f: bool(family_cidrs(settings.cluster_cidrs, f)) for f in FAMILIES
         }
+        self.parts = 1  # lb's sets and maps split this many ways (Renderer.use_parts)
 
     def chains(self, needs: set[str]) -> dict[str, tuple[str, ...]]:
         """The shared chains' rules (skeleton.SHARED_KINDS), with a rule for each count and
@@ -80,15 +87,28 @@ class SharedChains:
         keys = {"lb": (lookup, ""), "xl": (lookup, guard), "npc": (np_lookup, guard)}
         keys["npl"] = (np_lookup, guard)
         out: dict[str, tuple[str, ...]] = {}
-        dispatch: dict[str, list[str]] = {}
+        # A counting chain's rules, by its name: KIND-vF, and lb-vF-pK of each part.
+        dispatch: dict[str, tuple[str, ...]] = {}
+        tags = parts.tags(fam, self.parts)
         for kind, m in COUNTED.items():
             key, prefix = keys[kind]
             numbers = counts.get((kind, fam), []) if self.s.translate else []
-            dispatch[kind] = [
-                f"{prefix}{key} @{m}-count-{n}-{v} {_pick(kind, n, v)}" for n in numbers
-            ]
+            suffixes = tags if kind == "lb" else [v]
+            for t in suffixes:
+                dispatch[f"{kind}-{t}"] = tuple(
+                    f"{prefix}{key} @{m}-count-{n}-{t} {_pick(kind, n, v)}" for n in numbers
+                )
             for i in range(max(numbers, default=0)):
-                out[f"{kind}-pick-{i}-{v}"] = (f"{prefix}dnat {ip} to {key} map @{m}-{i}-{v}",)
+                out[f"{kind}-pick-{i}-{v}"] = tuple(
+                    f"{prefix}{parts.guard(fam, k, len(suffixes))}dnat {ip} to {key}"
+                    f" map @{m}-{i}-{t}"
+                    for k, t in enumerate(suffixes)
+                )
+        if self.parts == 1:
+            out[f"lb-{v}"] = dispatch[f"lb-{v}"]
+        else:  # to the counting chain of the destination's part
+            out[f"lb-{v}"] = (parts.dispatch(fam, self.parts, (f"lb-{t}" for t in tags)),)
+            out.update((f"lb-{t}", dispatch[f"lb-{t}"]) for t in tags)
 
         def affinity(kind: str) -> tuple[str, ...]:
             ids = (
@@ -116,10 +136,9 @@ class SharedChains:
                 rules.append(f"{ip} saddr @cluster-cidrs-{v} {route}")
             rules.append("fib saddr type local jump mark-for-masquerade")
             rules.append(f"fib saddr type local {route}")
-            return (*rules, *dispatch[kind])
+            return (*rules, *dispatch[f"{kind}-{v}"])
 
-        out[f"lb-{v}"] = tuple(dispatch["lb"])
-        out[f"npc-{v}"] = tuple(dispatch["npc"])
+        out[f"npc-{v}"] = dispatch[f"npc-{v}"]
         out[f"ext-{v}"] = ("jump mark-for-masquerade", f"goto lb-{v}")
         out[f"np-{v}"] = ("jump mark-for-masquerade", f"goto npc-{v}")
         out[f"xl-{v}"] = local_policy("xl")
@@ -134,10 +153,9 @@ class SharedChains:
         )
         return out
 
-    @staticmethod
-    def sets(needs: set[str]) -> dict[str, str]:
-        """The sets and maps of the counts and affinity timeouts in `needs` (see NEED): a
-        spec with a ` : ` is a map's."""
+    def sets(self, needs: set[str]) -> dict[str, str]:
+        """The sets and maps of the counts and affinity timeouts in `needs` (see NEED), per
+        part for `lb`: a spec with a ` : ` is a map's."""
         out: dict[str, str] = {}
         for (kind, fam), numbers in _counts(needs).items():
             v = f"v{fam}"
@@ -150,9 +168,10 @@ class SharedChains:
                 if kind in ("npc", "npl")
                 else f"{addr_type(fam)} . inet_proto . inet_service"
             )
-            out.update((f"{m}-count-{n}-{v}", f"type {key};") for n in numbers)
             target = f"{addr_type(fam)} . inet_service"
-            out.update((f"{m}-{i}-{v}", f"type {key} : {target};") for i in range(max(numbers)))
+            for t in parts.tags(fam, self.parts) if kind == "lb" else [v]:
+                out.update((f"{m}-count-{n}-{t}", f"type {key};") for n in numbers)
+                out.update((f"{m}-{i}-{t}", f"type {key} : {target};") for i in range(max(numbers)))
         return out
 
     @staticmethod

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ipaddress
 
+from lace_proxy.dataplane.nftables import parts
 from lace_proxy.dataplane.nftables.settings import NftablesSettings
 
 FAMILIES = (4, 6)
@@ -124,6 +125,15 @@ class Skeleton:
         # The node's InternalIPs: its NodePort addresses under node_port_primary, and
         # whether loadBalancerSourceRanges let the node in.
         self.node_addresses: tuple[str, ...] = ()
+        # The parts the biggest containers are split into (parts.py); the backend sets it.
+        self.parts = 1
+
+    def split(self, family: int) -> list[tuple[str, str]]:
+        """(guard, suffix) of each part of the split containers: ("", "vF") unsplit."""
+        return [
+            (parts.guard(family, k, self.parts), t)
+            for k, t in enumerate(parts.tags(family, self.parts))
+        ]
 
     def base(self) -> list[str]:
         """The table's fixed skeleton: base chains, helper chains, maps and sets."""
@@ -145,8 +155,9 @@ class Skeleton:
                 f" flags dynamic,timeout; size {AFFINITY_SIZE}; }}",
                 f"  set nodeport-cluster-route-{v} {{ type inet_proto . inet_service; }}",
                 *(
-                    f"  set frontends-{kind}-{v} {{ type {at} . inet_proto . inet_service; }}"
+                    f"  set frontends-{kind}-{t} {{ type {at} . inet_proto . inet_service; }}"
                     for kind in FRONTEND_KINDS
+                    for _, t in (self.split(fam) if kind == "lb" else [("", v)])
                 ),
                 *(
                     f"  set nodeports-{kind}-{v} {{ type inet_proto . inet_service; }}"
@@ -167,7 +178,7 @@ class Skeleton:
                 f"  set firewall-allow-{v} {{ typeof {ip} daddr . meta l4proto . th dport"
                 f" . {ip} saddr; flags interval; }}",
                 f"  map service-nodeports-{v} {{ type inet_proto . inet_service : verdict; }}",
-                f"  set cluster-ips-{v} {{ type {at}; }}",
+                *(f"  set cluster-ips-{t} {{ type {at}; }}" for _, t in self.split(fam)),
                 f"  set hairpin-{v} {{ typeof {ip} saddr . {ip} daddr; }}",
                 f"  set cluster-cidrs-{v} {{ type {at}; flags interval; "
                 f"{self._elements(fam, self.s.cluster_cidrs)}}}",
@@ -204,15 +215,18 @@ class Skeleton:
         ]
         for fam in FAMILIES:
             ip, v = ip_keyword(fam), f"v{fam}"
-            if self.s.masquerade_all:
-                lines.append(f"    {ip} daddr @cluster-ips-{v} jump mark-for-masquerade")
-            elif family_cidrs(self.s.cluster_cidrs, fam):
-                lines.append(
-                    f"    {ip} daddr @cluster-ips-{v} {ip} saddr != @cluster-cidrs-{v}"
-                    " jump mark-for-masquerade"
-                )
+            to_masquerade = "" if self.s.masquerade_all else f"{ip} saddr != @cluster-cidrs-{v} "
+            if self.s.masquerade_all or family_cidrs(self.s.cluster_cidrs, fam):
+                lines += [
+                    f"    {g}{ip} daddr @cluster-ips-{t} {to_masquerade}jump mark-for-masquerade"
+                    for g, t in self.split(fam)
+                ]
             lookup = f"{ip} daddr . meta l4proto . th dport"
-            lines += [f"    {lookup} @frontends-{k}-{v} goto {k}-{v}" for k in FRONTEND_KINDS]
+            lines += [
+                f"    {g}{lookup} @frontends-{k}-{t} goto {k}-{v}"
+                for k in FRONTEND_KINDS
+                for g, t in (self.split(fam) if k == "lb" else [("", v)])
+            ]
             lines.append(f"    {lookup} vmap @service-ips-{v}")  # per-service chains (rare)
             np_lookup = f"{self.nodeport_match(fam)} meta l4proto . th dport"
             lines += [f"    {np_lookup} @nodeports-{k}-{v} goto {k}-{v}" for k in NODEPORT_KINDS]
@@ -264,7 +278,9 @@ class Skeleton:
             ip, v = ip_keyword(fam), f"v{fam}"
             # A ClusterIP answers only on its service ports: anything else is refused; an
             # address of the service CIDRs that no Service holds is dropped.
-            lines.append(f"    {ip} daddr @cluster-ips-{v} goto reject-chain")
+            lines += [
+                f"    {g}{ip} daddr @cluster-ips-{t} goto reject-chain" for g, t in self.split(fam)
+            ]
             lines.append(f"    {ip} daddr @clusterip-ranges-{v} drop")
         lines += [
             "  }",
