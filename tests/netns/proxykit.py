@@ -191,6 +191,15 @@ class Harness:
             self.routes.cleanup()
 
 
+def talk(sock: socket.socket, word: str) -> str:
+    """One exchange on a held connection: the pod that answers."""
+    sock.sendall(f"{word}\n".encode())
+    line = sock.recv(4096).decode()
+    name, _, echoed = line.partition(" ")
+    assert echoed == f"{word}\n", line
+    return name
+
+
 def names(results: Sequence[Result]) -> Counter[str]:
     """How often each endpoint answered; non-replies count under their outcome."""
     return Counter(r.reply.name if r.reply else r.outcome for r in results)

@@ -18,7 +18,7 @@ import pytest
 
 from lace_proxy.demo.testbed import Testbed, request_tcp
 
-from .proxykit import Harness, RecordingNft, endpoints, names, service
+from .proxykit import Harness, RecordingNft, endpoints, names, service, talk
 
 pytestmark = pytest.mark.netns
 
@@ -36,15 +36,6 @@ def holding(harness: Harness, container: str) -> dict[str, set[str]]:
     assert state is not None
     prefix = f"{container}-p"
     return {n: e for n, e in state.elements.items() if n == container or n.startswith(prefix)}
-
-
-def talk(sock: socket.socket, word: str) -> str:
-    """One exchange on a held connection: the pod that answers."""
-    sock.sendall(f"{word}\n".encode())
-    line = sock.recv(4096).decode()
-    name, _, echoed = line.partition(" ")
-    assert echoed == f"{word}\n", line
-    return name
 
 
 @pytest.mark.parametrize("v6", [False, True], ids=["ipv4", "ipv6"])

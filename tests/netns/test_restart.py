@@ -22,7 +22,7 @@ import pytest
 from lace_proxy.demo.testbed import Result, Testbed, request_tcp
 
 from ..conftest import MODES
-from .proxykit import endpoints, service
+from .proxykit import endpoints, service, talk
 from .runkit import RunProcess, run_argv, wait_for, write
 
 pytestmark = pytest.mark.netns
@@ -69,15 +69,6 @@ def rule_handles(tb: Testbed) -> dict[str, set[int]]:
         if "rule" in item:
             handles.setdefault(item["rule"]["chain"], set()).add(item["rule"]["handle"])
     return handles
-
-
-def talk(sock: socket.socket, word: str) -> str:
-    """One exchange on a held connection: the pod that answers."""
-    sock.sendall(f"{word}\n".encode())
-    line = sock.recv(4096).decode()
-    name, _, echoed = line.partition(" ")
-    assert echoed == f"{word}\n", line
-    return name
 
 
 def test_kill_9_and_restart_loses_no_connection(running: tuple[Testbed, Path, RunProcess]) -> None:
