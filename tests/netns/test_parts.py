@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from lace_proxy.dataplane.nftables import parts
 from lace_proxy.demo.testbed import Testbed, request_tcp
 
 from .proxykit import Harness, RecordingNft, endpoints, names, service, talk
@@ -34,8 +35,7 @@ def holding(harness: Harness, container: str) -> dict[str, set[str]]:
     """The kernel's parts of `container` with their elements."""
     state = harness.nft.read_back()
     assert state is not None
-    prefix = f"{container}-p"
-    return {n: e for n, e in state.elements.items() if n == container or n.startswith(prefix)}
+    return {n: state.elements[n] for n in parts.holders(container, state.elements)}
 
 
 @pytest.mark.parametrize("v6", [False, True], ids=["ipv4", "ipv6"])
@@ -53,8 +53,8 @@ def test_every_part_serves_the_frontends_its_address_selects(
         harness.sync(full=True)
         fam = 6 if v6 else 4
         # Each ClusterIP is in the part of its last byte's low two bits, and only there.
-        parts = holding(harness, f"cluster-ips-v{fam}")
-        assert parts == {
+        held = holding(harness, f"cluster-ips-v{fam}")
+        assert held == {
             f"cluster-ips-v{fam}-p{k}": {
                 ip for ip in ips if ipaddress.ip_address(ip).packed[-1] & 3 == k
             }

@@ -92,7 +92,7 @@ def test_the_renderer_puts_each_frontend_in_its_parts_and_the_chains_pick_by_the
     table.build()
     table.commit()
     renderer = Renderer(NftablesSettings())
-    renderer.use_parts(4)
+    renderer.parts = 4
     merged = Rendered(deferred={})
     for plan in table.plans():
         renderer.render(plan, merged)

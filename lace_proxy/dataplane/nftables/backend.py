@@ -140,7 +140,7 @@ class NftablesBackend:
         """full_sync with every element read back (see there)."""
         kernel = KernelState.read(self.nft, self.family, self.table, elements=True)
         held = self.renderer.parts if kernel is None else parts.count(kernel.containers)
-        self.renderer.use_parts(self.settings.parts_for(len(plans), held))
+        self.renderer.parts = self.settings.parts_for(len(plans), held)
         adoption = None
         if kernel is not None and not self._synced:
             ids = self.renderer.affinity_ids

@@ -158,11 +158,7 @@ class Renderer(Skeleton):
     def __init__(self, settings: NftablesSettings) -> None:
         super().__init__(settings)
         self.affinity_ids = AffinityIds()
-        self.shared = SharedChains(settings)
-
-    def use_parts(self, count: int) -> None:
-        """Split the biggest containers into `count` parts from now on (parts.py)."""
-        self.parts = self.shared.parts = count
+        self.shared = SharedChains(settings, self)
 
     def part_tag(self, family: int, address: str) -> str:
         """The suffix of a split container that holds `address`'s frontends."""

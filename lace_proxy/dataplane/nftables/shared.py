@@ -32,7 +32,13 @@ import re
 
 from lace_proxy.dataplane.nftables import parts
 from lace_proxy.dataplane.nftables.settings import NftablesSettings
-from lace_proxy.dataplane.nftables.skeleton import FAMILIES, addr_type, family_cidrs, ip_keyword
+from lace_proxy.dataplane.nftables.skeleton import (
+    FAMILIES,
+    Skeleton,
+    addr_type,
+    family_cidrs,
+    ip_keyword,
+)
 
 #: The endpoint maps each counting chain DNATs from.
 COUNTED = {
@@ -59,13 +65,13 @@ class SharedChains:
     """Renders the shared chains and the sets and maps of their counts, for the needs in
     use."""
 
-    def __init__(self, settings: NftablesSettings) -> None:
+    def __init__(self, settings: NftablesSettings, skeleton: Skeleton) -> None:
         self.s = settings
+        self.skeleton = skeleton  # whose `parts` lb's sets and maps are split into
         # Per family: whether lace.clusterCIDRs has any (the renderer asks too).
         self.has_cluster_cidrs = {
             f: bool(family_cidrs(settings.cluster_cidrs, f)) for f in FAMILIES
         }
-        self.parts = 1  # lb's sets and maps split this many ways (Renderer.use_parts)
 
     def chains(self, needs: set[str]) -> dict[str, tuple[str, ...]]:
         """The shared chains' rules (skeleton.SHARED_KINDS), with a rule for each count and
@@ -89,7 +95,8 @@ class SharedChains:
         out: dict[str, tuple[str, ...]] = {}
         # A counting chain's rules, by its name: KIND-vF, and lb-vF-pK of each part.
         dispatch: dict[str, tuple[str, ...]] = {}
-        tags = parts.tags(fam, self.parts)
+        count = self.skeleton.parts
+        tags = parts.tags(fam, count)
         for kind, m in COUNTED.items():
             key, prefix = keys[kind]
             numbers = counts.get((kind, fam), []) if self.s.translate else []
@@ -104,10 +111,10 @@ class SharedChains:
                     f" map @{m}-{i}-{t}"
                     for k, t in enumerate(suffixes)
                 )
-        if self.parts == 1:
+        if count == 1:
             out[f"lb-{v}"] = dispatch[f"lb-{v}"]
         else:  # to the counting chain of the destination's part
-            out[f"lb-{v}"] = (parts.dispatch(fam, self.parts, (f"lb-{t}" for t in tags)),)
+            out[f"lb-{v}"] = (parts.dispatch(fam, count, (f"lb-{t}" for t in tags)),)
             out.update((f"lb-{t}", dispatch[f"lb-{t}"]) for t in tags)
 
         def affinity(kind: str) -> tuple[str, ...]:
@@ -169,7 +176,7 @@ class SharedChains:
                 else f"{addr_type(fam)} . inet_proto . inet_service"
             )
             target = f"{addr_type(fam)} . inet_service"
-            for t in parts.tags(fam, self.parts) if kind == "lb" else [v]:
+            for t in parts.tags(fam, self.skeleton.parts) if kind == "lb" else [v]:
                 out.update((f"{m}-count-{n}-{t}", f"type {key};") for n in numbers)
                 out.update((f"{m}-{i}-{t}", f"type {key} : {target};") for i in range(max(numbers)))
         return out

@@ -125,7 +125,8 @@ class Skeleton:
         # The node's InternalIPs: its NodePort addresses under node_port_primary, and
         # whether loadBalancerSourceRanges let the node in.
         self.node_addresses: tuple[str, ...] = ()
-        # The parts the biggest containers are split into (parts.py); the backend sets it.
+        # The parts the biggest containers are split into (parts.py; the shared chains' too):
+        # the backend sets it before a full sync renders.
         self.parts = 1
 
     def split(self, family: int) -> list[tuple[str, str]]:
